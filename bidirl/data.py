@@ -1,0 +1,131 @@
+"""Problems with verifiable numeric answers: GSM8K (hub id or local file) and reasoning-gym tasks.
+
+Every source yields :class:`Problem` objects with one interface (question, reference answer, optional
+worked solution), so the rest of bidirl never knows where a problem came from.
+
+* GSM8K goes through the ``datasets`` library: a hub id such as ``openai/gsm8k`` (machines with
+  internet) or a local ``.jsonl``/``.parquet`` file, or a folder holding ``{split}.jsonl``/``.parquet``,
+  with ``question``/``answer`` fields; the reference is the number after ``####``.
+* reasoning-gym tasks are procedural and seeded, so the CPU default needs no download. Train and
+  held-out problems are drawn from one stream and split by a stable hash of the question text, so the
+  held-out set never contains a training question even when the task's problem space is small.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List
+
+from bidirl.config import DataConfig
+from bidirl.errors import BidirlError
+from bidirl.reward import reference_answer
+
+HELD_OUT_BUCKETS = 10  # one bucket in ten of the question-hash space is held out for evaluation
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    answer: str  # the reference answer as text, e.g. "72"
+    solution: str = ""  # a worked solution when the source has one
+
+
+def load_problems(cfg: DataConfig, split: str) -> List[Problem]:
+    """Problems for ``split`` ("train" or "test") as the data config describes them."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    size = cfg.train_size if split == "train" else cfg.eval_size
+    if cfg.source == "gsm8k":
+        return load_gsm8k(cfg.path, split)[:size]
+    return load_reasoning_gym(cfg.task, cfg.task_config, cfg.seed, split, size)
+
+
+def load_gsm8k(source: str, split: str) -> List[Problem]:
+    """GSM8K from a local file/folder or a hub id, through ``datasets``."""
+    rows = _load_rows(source, split)
+    problems = []
+    for index, row in enumerate(rows):
+        if "question" not in row or "answer" not in row:
+            raise BidirlError(f"{source}: row {index} lacks a 'question' or 'answer' field")
+        try:
+            answer = reference_answer(row["answer"])
+        except ValueError as exc:
+            raise BidirlError(f"{source}: row {index}: {exc}") from None
+        problems.append(Problem(row["question"], _number_text(answer), row["answer"]))
+    return problems
+
+
+def _load_rows(source: str, split: str) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(source).expanduser()
+    if path.is_dir():
+        candidates = [path / f"{split}.{ext}" for ext in ("jsonl", "json", "parquet")]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise BidirlError(f"{path}: no {split}.jsonl or {split}.parquet in this folder")
+        path = found[0]
+    if path.is_file():
+        builder = "parquet" if path.suffix == ".parquet" else "json"
+        try:
+            return datasets.load_dataset(builder, data_files=str(path), split="train")
+        except Exception as exc:  # datasets raises many types for a corrupt file
+            raise BidirlError(f"{path}: cannot read as {builder}: {str(exc).splitlines()[0]}") from None
+    if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
+        raise BidirlError(f"{source}: data file not found")
+    try:
+        return datasets.load_dataset(source, "main", split=split)
+    except Exception as exc:
+        raise BidirlError(f"{source}: cannot load from the hub ({str(exc).splitlines()[0]})") from None
+
+
+def load_reasoning_gym(
+    task: str, task_config: Dict[str, Any], seed: int, split: str, size: int
+) -> List[Problem]:
+    """``size`` distinct problems of a reasoning-gym task, disjoint between train and test."""
+    import reasoning_gym
+
+    want_held_out = split == "test"
+    problems: List[Problem] = []
+    seen = set()
+    draw_seed = seed
+    while len(problems) < size:
+        batch = _rg_dataset(reasoning_gym, task, task_config, draw_seed, max(4 * size, 256))
+        for item in batch:
+            question = item["question"]
+            if question in seen or _is_held_out(question) != want_held_out:
+                continue
+            seen.add(question)
+            problems.append(Problem(question, str(item["answer"]), _rg_solution(item)))
+            if len(problems) == size:
+                break
+        draw_seed += 7919  # the task space may be small: stop once a new draw adds nothing
+        if draw_seed > seed + 7919 * 20:
+            break
+    if not problems:
+        raise BidirlError(f"reasoning-gym task '{task}' produced no {split} problems")
+    return problems
+
+
+def _rg_dataset(reasoning_gym: Any, task: str, task_config: Dict[str, Any], seed: int, size: int) -> Any:
+    try:
+        return reasoning_gym.create_dataset(task, seed=seed, size=size, **dict(task_config))
+    except (ValueError, TypeError, AssertionError, KeyError) as exc:
+        raise BidirlError(f"data.task '{task}' with task_config {dict(task_config)}: {exc}") from None
+
+
+def _rg_solution(item: Dict[str, Any]) -> str:
+    meta = item.get("metadata") or {}
+    return str(meta.get("answer_cot") or meta.get("solution") or meta.get("cot") or "")
+
+
+def _is_held_out(question: str) -> bool:
+    digest = hashlib.sha256(question.encode()).digest()
+    return digest[0] % HELD_OUT_BUCKETS == 0
+
+
+def _number_text(value: Any) -> str:
+    return str(value.numerator) if value.denominator == 1 else str(float(value))

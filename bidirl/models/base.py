@@ -1,0 +1,82 @@
+"""The tiny base model: build, briefly supervise, evaluate, cache.
+
+Cache key = hash of the model shape, the SFT recipe, the task (name, config, seed), the prompt style
+and :data:`TINY_RECIPE_VERSION`; any change builds a new entry, the same config reuses the old one.
+The entry's ``bidirl_model.json`` records the held-out greedy accuracy, the SFT loss and timings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from bidirl.config import PipelineConfig
+from bidirl.data import load_problems, load_reasoning_gym
+from bidirl.evaluate import greedy_accuracy
+from bidirl.models.sources import TINY_RECIPE_VERSION, PreparedModel, cache_key, cached_entry, write_entry
+from bidirl.models.sft import supervised_finetune
+from bidirl.models.tiny import build_model, build_tokenizer, save_hf
+from bidirl.prompts import format_prompt, target_completion
+from bidirl.ui import progress_bar
+
+
+def tiny_cache_dir(cfg: PipelineConfig) -> Path:
+    parts = {
+        "tiny": asdict(cfg.model.tiny),
+        "task": cfg.data.task,
+        "task_config": dict(cfg.data.task_config),
+        "data_seed": cfg.data.seed,
+        "prompt_style": cfg.data.prompt_style,
+        "seed": cfg.seed,
+        "recipe": TINY_RECIPE_VERSION,
+    }
+    return Path(cfg.model.cache_dir) / f"tiny-{cfg.data.task}-{cache_key(parts)}"
+
+
+def prepare_tiny(cfg: PipelineConfig, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
+    if cfg.data.source != "reasoning_gym":
+        from bidirl.errors import ConfigError
+
+        raise ConfigError("model.source 'tiny' is trained on a reasoning_gym task; set data.source=reasoning_gym")
+    target = tiny_cache_dir(cfg)
+    found = cached_entry(target)
+    if found:
+        if report:
+            report(f"reusing cached base model {target} (held-out accuracy {found.info.get('accuracy', '?')})")
+        return found
+    return write_entry(target, lambda tmp: _build_tiny(cfg, tmp))
+
+
+def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
+    import torch
+
+    start = time.time()
+    tokenizer = build_tokenizer()
+    model = build_model(cfg.model.tiny, len(tokenizer), cfg.seed)
+    data = cfg.data
+    train = load_reasoning_gym(data.task, data.task_config, data.seed, "train", cfg.model.tiny.sft_examples)
+    held_out = load_problems(data, "test")
+    prompt = lambda p: format_prompt(p, "plain")  # noqa: E731 - the tiny model only speaks the plain form
+    with progress_bar("SFT tiny base model", cfg.model.tiny.sft_steps, cfg.logging.progress) as advance:
+        losses = supervised_finetune(
+            model, tokenizer, train, prompt, target_completion, cfg.model.tiny, cfg.seed,
+            on_step=lambda step, loss: advance(loss=loss),
+        )
+    sft_s = time.time() - start
+    with progress_bar("evaluate base model", len(held_out), cfg.logging.progress) as advance:
+        result = greedy_accuracy(model, tokenizer, held_out, prompt, cfg.rollout.max_new_tokens, on_batch=advance)
+    save_hf(model, tokenizer, out)
+    return {
+        "source": "tiny",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "task": data.task,
+        "task_config": dict(data.task_config),
+        "sft_steps": cfg.model.tiny.sft_steps,
+        "sft_final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+        "sft_s": round(sft_s, 1),
+        "accuracy": round(result.accuracy, 4),
+        "eval_problems": result.num_problems,
+        "torch_threads": torch.get_num_threads(),
+    }

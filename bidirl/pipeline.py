@@ -1,0 +1,92 @@
+"""A pipeline is a list of stages run in order over one run directory.
+
+Stages share a small ``state`` dict (e.g. ``prepare_model`` puts the prepared model there and
+``evaluate`` uses it). Every stage is checked to exist *before* the run directory is created, so a
+pipeline naming a stage that is not built yet fails at once with one line instead of half-running.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict
+
+from bidirl.config import PipelineConfig
+from bidirl.errors import NotBuiltYet
+from bidirl.rundir import RunDir
+from bidirl.ui import say
+
+State = Dict[str, Any]
+
+# Stages later issues build; a pipeline naming one fails before doing any work.
+NOT_BUILT = {
+    "profile": "profiling the performance model",
+    "plan": "the scheduling-aware planner",
+    "train": "the GRPO training loop",
+    "launch": "the torchrun hot-switch runtime",
+    "compare": "baseline comparison",
+    "simulate": "the discrete-event cluster simulator",
+}
+
+
+def stage_prepare_model(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.models.sources import prepare_model
+
+    start = time.time()
+    prepared = prepare_model(cfg, report=say)
+    state["model"] = prepared
+    state["summary"]["model"] = {"path": prepared.path, "reused_cache": prepared.reused, **prepared.info}
+    run.log(0, stage="prepare_model", prepare_s=round(time.time() - start, 2),
+            base_accuracy=prepared.info.get("accuracy"))
+    say(f"model ready: {prepared.path}")
+
+
+def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.data import load_problems
+    from bidirl.evaluate import greedy_accuracy
+    from bidirl.models.sources import load_model
+    from bidirl.prompts import format_prompt
+    from bidirl.ui import progress_bar
+
+    if "model" not in state:
+        stage_prepare_model(cfg, run, state)
+    model, tokenizer = load_model(state["model"].path, cfg.model.dtype)
+    problems = load_problems(cfg.data, "test")
+    shots = load_problems(cfg.data, "train")[: cfg.data.few_shot] if cfg.data.few_shot else []
+    prompt = lambda p: format_prompt(p, cfg.data.prompt_style, tokenizer, shots)  # noqa: E731
+    start = time.time()
+    with progress_bar("greedy eval", len(problems), cfg.logging.progress) as advance:
+        result = greedy_accuracy(model, tokenizer, problems, prompt, cfg.rollout.max_new_tokens,
+                                 batch_size=cfg.train.micro_batch_size, on_batch=advance)
+    seconds = time.time() - start
+    run.log(0, stage="evaluate", eval_accuracy=result.accuracy, eval_problems=result.num_problems,
+            eval_s=round(seconds, 2))
+    state["summary"]["evaluation"] = {"accuracy": round(result.accuracy, 4), "problems": result.num_problems,
+                                      "seconds": round(seconds, 1), "examples": result.examples[:3]}
+    say(f"held-out greedy accuracy: {result.accuracy:.1%} on {result.num_problems} problems ({seconds:.0f} s)")
+
+
+STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
+    "prepare_model": stage_prepare_model,
+    "evaluate": stage_evaluate,
+}
+
+
+def check_stages_built(cfg: PipelineConfig) -> None:
+    for stage in cfg.stages:
+        if stage in NOT_BUILT:
+            raise NotBuiltYet(f"stage '{stage}' ({NOT_BUILT[stage]}) is not built yet")
+
+
+def run_pipeline(cfg: PipelineConfig) -> RunDir:
+    check_stages_built(cfg)
+    run = RunDir(cfg)
+    say(f"run directory: {run.path}")
+    state: State = {"summary": {"stages": list(cfg.stages)}}
+    try:
+        for stage in cfg.stages:
+            STAGES[stage](cfg, run, state)
+    except BaseException:
+        run.finish({**state["summary"], "status": "failed"})
+        raise
+    run.finish({**state["summary"], "status": "ok"})
+    return run

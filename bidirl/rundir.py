@@ -1,0 +1,86 @@
+"""One run directory per run: resolved config, metrics JSONL, plots, a short summary, W&B files.
+
+Layout::
+
+    runs/<name>-<YYYYmmdd-HHMMSS>/
+        config.yaml      the fully resolved config (schema defaults <- YAML <- overrides)
+        metrics.jsonl    one JSON object per logged step
+        summary.json     final figures, machine-readable
+        summary.md       the same for a person
+        wandb/           W&B files (offline mode by default; `wandb sync` uploads them later)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from bidirl.config import PipelineConfig, to_yaml
+from bidirl.errors import BidirlError
+
+
+class RunDir:
+    def __init__(self, cfg: PipelineConfig, root: Optional[Path] = None):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = Path(root or cfg.output_dir) / f"{cfg.name}-{stamp}"
+        self.path = _unique(base)
+        self.path.mkdir(parents=True)
+        (self.path / "config.yaml").write_text(to_yaml(cfg))
+        self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
+        self._wandb = _start_wandb(cfg, self.path)
+        self.started = time.time()
+
+    def log(self, step: int, **metrics: Any) -> None:
+        row = {"step": step, "time_s": round(time.time() - self.started, 3), **metrics}
+        self._metrics.write(json.dumps(row) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def finish(self, summary: Dict[str, Any]) -> None:
+        summary = {"run_dir": str(self.path), "wall_s": round(time.time() - self.started, 1), **summary}
+        _write_atomic(self.path / "summary.json", json.dumps(summary, indent=2, default=str))
+        lines = [f"# {self.path.name}", ""] + [f"- **{k}**: {v}" for k, v in summary.items()]
+        _write_atomic(self.path / "summary.md", "\n".join(lines) + "\n")
+        self.close()
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _start_wandb(cfg: PipelineConfig, path: Path) -> Any:
+    if cfg.logging.wandb_mode == "disabled":
+        return None
+    import wandb
+    from omegaconf import OmegaConf
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        return wandb.init(
+            project=cfg.logging.wandb_project,
+            name=path.name,
+            dir=str(path),
+            mode=cfg.logging.wandb_mode,
+            config=OmegaConf.to_container(OmegaConf.structured(cfg)),
+        )
+    except Exception as exc:  # e.g. online mode without an API key fails at once
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BidirlError(f"logging.wandb_mode={cfg.logging.wandb_mode}: W&B did not start ({first})") from None
+
+
+def _unique(base: Path) -> Path:
+    candidate, n = base, 1
+    while candidate.exists():
+        candidate, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return candidate
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,111 @@
+"""The `bidirl` command line: parses arguments and calls into the `bidirl` library, nothing more.
+
+Every command that takes a pipeline accepts ``key=value`` overrides after the YAML path, e.g.
+``bidirl run pipelines/cpu-tiny.yaml train.steps=20 logging.wandb_mode=disabled``.
+User errors print one line and exit non-zero; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from bidirl.errors import BidirlError, NotBuiltYet
+
+app = typer.Typer(
+    help="bidirl: asynchronous, disaggregated RL post-training with bidirectional device borrowing.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+PIPELINE = typer.Argument(..., help="Pipeline YAML file (see pipelines/).")
+OVERRIDES = typer.Argument(None, help="key=value overrides, e.g. train.steps=20", show_default=False)
+DEBUG = typer.Option(False, "--debug", help="Show the full traceback on errors.")
+
+
+def _guard(action: Callable[[], None], debug: bool) -> None:
+    """Runs a command; a user error becomes one line on stderr and its exit code."""
+    try:
+        action()
+    except BidirlError as exc:
+        if debug:
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130)
+
+
+def _config(pipeline: Path, overrides: Optional[List[str]]):
+    from bidirl.config import load_config
+
+    return load_config(pipeline, overrides or [])
+
+
+@app.command()
+def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES, debug: bool = DEBUG) -> None:
+    """Run a pipeline's stages in order (prepare_model -> evaluate -> ... ) into one run directory."""
+    from bidirl.pipeline import run_pipeline
+
+    _guard(lambda: run_pipeline(_config(pipeline, overrides)), debug)
+
+
+@app.command("prepare-model")
+def prepare_model(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES, debug: bool = DEBUG) -> None:
+    """Build (or reuse from cache) the pipeline's base model and print where it is."""
+
+    def action() -> None:
+        from bidirl.models.sources import prepare_model as prepare
+        from bidirl.ui import say
+
+        prepared = prepare(_config(pipeline, overrides), report=say)
+        typer.echo(prepared.path)
+
+    _guard(action, debug)
+
+
+@app.command()
+def evaluate(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES, debug: bool = DEBUG) -> None:
+    """Held-out greedy accuracy of the pipeline's model (prepares it first if needed)."""
+    from bidirl.pipeline import run_pipeline
+
+    def action() -> None:
+        cfg = _config(pipeline, overrides)
+        cfg.stages = ["prepare_model", "evaluate"]
+        run_pipeline(cfg)
+
+    _guard(action, debug)
+
+
+def _not_built(name: str, what: str) -> Callable[..., None]:
+    def fail() -> None:
+        raise NotBuiltYet(f"'bidirl {name}' ({what}) is not built yet")
+
+    def command(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES, debug: bool = DEBUG) -> None:
+        _guard(fail, debug)
+
+    command.__doc__ = f"{what[0].upper()}{what[1:]} (not built yet)."
+    return command
+
+
+for _name, _what in [
+    ("profile", "profile engines to fit time-performance models"),
+    ("plan", "choose the rollout/train partition from the performance models"),
+    ("launch", "start the hot-switch runtime through torchrun"),
+    ("compare", "compare bidirl with veRL, AReaL and ROLL baselines"),
+    ("simulate", "simulate a cluster with the scheduling policies"),
+]:
+    app.command(_name)(_not_built(_name, _what))
+
+
+def main() -> None:  # pragma: no cover - console-script entry used by `python -m cli.main`
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+from pathlib import Path
+
+import pytest
+
+from bidirl.config import PipelineConfig, load_config, to_yaml
+from bidirl.errors import ConfigError
+
+PIPELINES = sorted((Path(__file__).resolve().parents[1] / "pipelines").glob("*.yaml"))
+
+
+def test_defaults_give_a_typed_config():
+    cfg = load_config()
+    assert isinstance(cfg, PipelineConfig)
+    assert cfg.rollout.group_size == 8 and isinstance(cfg.train.lr, float)
+
+
+def test_yaml_values_override_defaults_and_overrides_override_yaml(write_yaml):
+    path = write_yaml("train:\n  lr: 0.5\n  steps: 7\nrollout:\n  group_size: 4\n")
+    cfg = load_config(path, ["train.steps=9", "data.task_config={min_terms: 2}"])
+    assert cfg.train.lr == 0.5 and cfg.train.steps == 9 and cfg.rollout.group_size == 4
+    assert cfg.data.task_config == {"min_terms": 2}
+
+
+def test_integer_given_for_a_float_field_is_converted(write_yaml):
+    assert load_config(write_yaml("train:\n  lr: 1\n")).train.lr == 1.0
+
+
+def test_unknown_key_names_the_file_and_suggests_the_closest_key(write_yaml):
+    path = write_yaml("train:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert str(path) in message and "'train.lrr'" in message and "did you mean 'train.lr'" in message
+
+
+def test_unknown_top_level_key_is_reported(write_yaml):
+    with pytest.raises(ConfigError, match=r"unknown key 'modle'.*did you mean 'model'"):
+        load_config(write_yaml("modle:\n  source: tiny\n"))
+
+
+def test_unknown_override_key_names_the_command_line():
+    with pytest.raises(ConfigError, match=r"^command line: unknown key 'rollout.groupsize'.*rollout.group_size"):
+        load_config(None, ["rollout.groupsize=3"])
+
+
+def test_wrong_type_names_key_expected_type_and_value(write_yaml):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_yaml("rollout:\n  group_size: many\n"))
+    message = str(err.value)
+    assert "'rollout.group_size'" in message and "int" in message and "'many'" in message
+
+
+def test_override_without_equals_sign_is_rejected():
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        load_config(None, ["train.steps"])
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: pipeline file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_malformed_yaml_names_file_and_line(write_yaml):
+    path = write_yaml("name: x\ntrain:\n  lr: [1, 2\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=rf"{path}:\d+: malformed YAML"):
+        load_config(path)
+
+
+def test_a_list_at_top_level_is_rejected(write_yaml):
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(write_yaml("- a\n- b\n"))
+
+
+def test_unknown_stage_suggests_the_closest_stage(write_yaml):
+    with pytest.raises(ConfigError, match=r"unknown stage 'evalute'.*'evaluate'"):
+        load_config(write_yaml("stages: [prepare_model, evalute]\n"))
+
+
+def test_enumerated_value_outside_its_choices_is_rejected():
+    with pytest.raises(ConfigError, match=r"'rollout.engine' must be one of hf, vllm; got 'sglang'"):
+        load_config(None, ["rollout.engine=sglang"])
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = load_config(None, ["train.steps=3", "data.task_config={max_terms: 3}"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(cfg))
+    assert load_config(saved) == cfg
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda p: p.name)
+def test_every_shipped_pipeline_loads_and_says_how_to_run_it(pipeline):
+    first_line = pipeline.read_text().splitlines()[0]
+    assert first_line.startswith("# Run: bidirl ") and pipeline.name in first_line
+    load_config(pipeline)
+
+
+def test_there_is_a_cpu_default_pipeline():
+    assert any(p.name == "cpu-tiny.yaml" for p in PIPELINES)

@@ -1,0 +1,94 @@
+import json
+
+import pytest
+
+from bidirl.config import DataConfig
+from bidirl.data import load_gsm8k, load_problems, load_reasoning_gym
+from bidirl.errors import BidirlError
+from bidirl.reward import numeric_reward
+from tests.conftest import SHARED_GSM8K
+
+ADDITION = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+"],
+            "allow_parentheses": False, "allow_negation": False}
+
+
+def _rows(n):
+    return [{"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = <<{i}+{i}={2*i}>>{2*i}\n#### {2*i:,}"}
+            for i in range(n)]
+
+
+def test_reasoning_gym_train_and_test_problems_never_overlap():
+    train = load_reasoning_gym("basic_arithmetic", ADDITION, 0, "train", 2000)
+    test = load_reasoning_gym("basic_arithmetic", ADDITION, 0, "test", 100)
+    assert len(test) == 100 and len(train) == 2000
+    assert not {p.question for p in train} & {p.question for p in test}
+
+
+def test_reasoning_gym_problems_are_reproducible_for_a_seed_and_differ_across_seeds():
+    first = load_reasoning_gym("basic_arithmetic", ADDITION, 3, "train", 50)
+    assert first == load_reasoning_gym("basic_arithmetic", ADDITION, 3, "train", 50)
+    assert first != load_reasoning_gym("basic_arithmetic", ADDITION, 4, "train", 50)
+
+
+def test_reasoning_gym_answers_are_numbers_the_reward_accepts():
+    for problem in load_reasoning_gym("gsm_symbolic", {}, 0, "train", 20):
+        assert numeric_reward(f"#### {problem.answer}", problem.answer) == 1.0
+        assert problem.solution  # gsm_symbolic items carry a worked solution
+
+
+def test_unknown_task_setting_is_one_clear_error():
+    with pytest.raises(BidirlError, match="basic_arithmetic.*max_termz"):
+        load_reasoning_gym("basic_arithmetic", {"max_termz": 3}, 0, "train", 5)
+
+
+def test_local_jsonl_file_loads_through_datasets(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _rows(5)))
+    problems = load_gsm8k(str(path), "train")
+    assert [p.answer for p in problems] == ["0", "2", "4", "6", "8"]
+    assert problems[3].solution.endswith("#### 6")
+
+
+def test_local_parquet_folder_loads_the_requested_split(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(_rows(3)).to_parquet(str(tmp_path / "test.parquet"))
+    assert [p.answer for p in load_gsm8k(str(tmp_path), "test")] == ["0", "2", "4"]
+
+
+def test_thousands_separator_in_the_reference_is_normalised(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(_rows(600)[-1]))
+    assert load_gsm8k(str(path), "train")[0].answer == "1198"
+
+
+def test_missing_data_file_is_named(tmp_path):
+    with pytest.raises(BidirlError, match="no_such.jsonl: data file not found"):
+        load_gsm8k(str(tmp_path / "no_such.jsonl"), "train")
+
+
+def test_rows_without_question_or_answer_are_rejected(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "x", "answer": "#### 1"}))
+    with pytest.raises(BidirlError, match="row 0 lacks"):
+        load_gsm8k(str(path), "train")
+
+
+def test_corrupt_data_file_is_one_clear_error(tmp_path):
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(BidirlError, match="broken.parquet: cannot read as parquet"):
+        load_gsm8k(str(path), "train")
+
+
+def test_load_problems_caps_the_split_sizes():
+    cfg = DataConfig(task="basic_arithmetic", task_config=ADDITION, train_size=30, eval_size=7)
+    assert len(load_problems(cfg, "train")) == 30 and len(load_problems(cfg, "test")) == 7
+
+
+@pytest.mark.skipif(not SHARED_GSM8K.is_dir(), reason="real GSM8K files are in ../shared only")
+def test_every_real_gsm8k_reference_parses_and_its_own_solution_scores_one():
+    problems = load_gsm8k(str(SHARED_GSM8K), "train") + load_gsm8k(str(SHARED_GSM8K), "test")
+    assert len(problems) == 8792
+    for problem in problems:
+        assert numeric_reward(problem.solution, problem.answer) == 1.0, problem.solution[-80:]
