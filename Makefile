@@ -3,7 +3,6 @@
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
-export OMP_NUM_THREADS ?= 1
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict
 from bidirl.config import PipelineConfig
 from bidirl.errors import NotBuiltYet
 from bidirl.rundir import RunDir
+from bidirl.runtime_env import prepare_process
 from bidirl.ui import say
 
 State = Dict[str, Any]
@@ -79,6 +80,7 @@ def check_stages_built(cfg: PipelineConfig) -> None:
 
 def run_pipeline(cfg: PipelineConfig) -> RunDir:
     check_stages_built(cfg)
+    prepare_process(cfg.cluster.device_type)
     run = RunDir(cfg)
     say(f"run directory: {run.path}")
     state: State = {"summary": {"stages": list(cfg.stages)}}

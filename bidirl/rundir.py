@@ -42,7 +42,7 @@ class RunDir:
     def finish(self, summary: Dict[str, Any]) -> None:
         summary = {"run_dir": str(self.path), "wall_s": round(time.time() - self.started, 1), **summary}
         _write_atomic(self.path / "summary.json", json.dumps(summary, indent=2, default=str))
-        lines = [f"# {self.path.name}", ""] + [f"- **{k}**: {v}" for k, v in summary.items()]
+        lines = [f"# {self.path.name}", ""] + _markdown_items(summary)
         _write_atomic(self.path / "summary.md", "\n".join(lines) + "\n")
         self.close()
 
@@ -71,6 +71,16 @@ def _start_wandb(cfg: PipelineConfig, path: Path) -> Any:
     except Exception as exc:  # e.g. online mode without an API key fails at once
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BidirlError(f"logging.wandb_mode={cfg.logging.wandb_mode}: W&B did not start ({first})") from None
+
+
+def _markdown_items(items: Dict[str, Any], indent: str = "") -> list:
+    lines = []
+    for key, value in items.items():
+        if isinstance(value, dict):
+            lines += [f"{indent}- **{key}**"] + _markdown_items(value, indent + "  ")
+        else:
+            lines.append(f"{indent}- **{key}**: {value}")
+    return lines
 
 
 def _unique(base: Path) -> Path:

@@ -61,9 +61,12 @@ def prepare_model(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OV
 
     def action() -> None:
         from bidirl.models.sources import prepare_model as prepare
+        from bidirl.runtime_env import prepare_process
         from bidirl.ui import say
 
-        prepared = prepare(_config(pipeline, overrides), report=say)
+        cfg = _config(pipeline, overrides)
+        prepare_process(cfg.cluster.device_type)
+        prepared = prepare(cfg, report=say)
         typer.echo(prepared.path)
 
     _guard(action, debug)

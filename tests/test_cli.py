@@ -1,0 +1,85 @@
+"""The CLI as a user meets it: real subprocesses of the installed `bidirl` console script."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+BIDIRL = [str(Path(sys.executable).with_name("bidirl"))]
+TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+        "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=128", "model.tiny.sft_steps=2",
+        "model.tiny.sft_batch_size=8", "model.tiny.sft_examples=32", "data.eval_size=8",
+        "logging.wandb_mode=offline", "logging.progress=false"]
+
+
+def bidirl(*args, cwd=None):
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    return subprocess.run(BIDIRL + list(args), capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def assert_one_line_error(result, *fragments, code=2):
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_help_lists_every_stage_command():
+    result = bidirl("--help")
+    assert result.returncode == 0
+    for command in ("run", "profile", "plan", "launch", "compare", "simulate", "prepare-model", "evaluate"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", ["profile", "plan", "launch", "compare", "simulate"])
+def test_commands_not_built_yet_say_so_in_one_line_and_fail(command):
+    assert_one_line_error(bidirl(command, "pipelines/cpu-tiny.yaml"), "not built yet", code=3)
+
+
+def test_unknown_key_in_pipeline_file_is_one_line_naming_file_and_key(write_yaml):
+    path = write_yaml("name: x\nrollout:\n  temprature: 0.7\n")
+    assert_one_line_error(bidirl("run", str(path)), str(path), "rollout.temprature", "rollout.temperature")
+
+
+def test_wrong_type_override_is_one_line(write_yaml):
+    assert_one_line_error(bidirl("run", "pipelines/cpu-tiny.yaml", "train.steps=lots"), "train.steps", "int")
+
+
+def test_missing_pipeline_file_is_one_line():
+    assert_one_line_error(bidirl("run", "pipelines/nope.yaml"), "pipelines/nope.yaml", "not found")
+
+
+def test_malformed_yaml_is_one_line_with_its_line_number(write_yaml):
+    path = write_yaml("name: x\nstages: [prepare_model\n")
+    assert_one_line_error(bidirl("run", str(path)), f"{path}:", "malformed YAML")
+
+
+def test_pipeline_with_an_unbuilt_stage_fails_before_writing_a_run_directory(tmp_path):
+    result = bidirl("run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", f"output_dir={tmp_path}")
+    assert_one_line_error(result, "stage 'launch'", code=3)
+    assert not any(tmp_path.iterdir())
+
+
+def test_debug_flag_shows_the_traceback():
+    result = bidirl("run", "pipelines/nope.yaml", "--debug")
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_run_writes_a_complete_run_directory(tmp_path):
+    result = bidirl("run", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
+                    f"model.cache_dir={tmp_path}/cache", *TINY)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model"]["tiny"]["hidden_size"] == 64 and config["data"]["task"] == "basic_arithmetic"
+    stages = [json.loads(line)["stage"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert stages == ["prepare_model", "evaluate"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok" and 0.0 <= summary["evaluation"]["accuracy"] <= 1.0
+    assert list((run_dir / "wandb").glob("offline-run-*"))
