@@ -90,6 +90,7 @@ class AlgorithmConfig:
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     std_normalize: bool = True
+    loss_aggregation: str = "token_mean"  # token_mean (DAPO) | seq_mean (GRPO paper)
     staleness: int = 1
     format_reward: float = 0.0
 
@@ -221,6 +222,7 @@ _CHOICES = {
     "rollout.engine": ("hf", "vllm"),
     "train.engine": ("torch", "deepspeed"),
     "algorithm.name": ("grpo",),
+    "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }

@@ -1,0 +1,87 @@
+"""Rollout engine on plain transformers/torch: KV-cache sampling with ``model.generate``.
+
+For machines without vLLM and for cross-checking it. Behaviour log-probs are computed from the raw
+per-step logits that ``generate`` returns, as ``log_softmax(logits / T)`` -- the same expression the
+trainer uses (:mod:`bidirl.engines.tokens`). Generation is synchronous, so ``pause`` takes effect
+between generate calls (chunks of ``max_batch`` sequences).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List, Sequence
+
+from bidirl.engines.protocols import Sample, SamplingParams
+from bidirl.models.sources import load_model
+
+
+class HFRolloutEngine:
+    max_batch = 256  # sequences per generate call
+
+    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0):
+        import torch
+
+        self.torch = torch
+        self.model, self.tokenizer = load_model(model_path, dtype)
+        self.version = 0
+        self._calls = 0
+        self._seed = seed
+        self._running = threading.Event()
+        self._running.set()
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
+        per_call = max(1, self.max_batch // params.n)
+        samples: List[Sample] = []
+        for start in range(0, len(prompts), per_call):
+            self._running.wait()  # paused engines finish the chunk in flight, then wait here
+            chunk = prompts[start : start + per_call]
+            for sample in self._generate_chunk(chunk, params):
+                sample.prompt_index += start
+                samples.append(sample)
+        return samples
+
+    def _generate_chunk(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
+        torch = self.torch
+        self._calls += 1
+        torch.manual_seed((params.seed if params.seed is not None else self._seed) * 1_000_003 + self._calls)
+        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        greedy = params.temperature <= 0
+        with torch.no_grad():
+            out = self.model.generate(
+                **enc, max_new_tokens=params.max_new_tokens, do_sample=not greedy,
+                temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
+                top_k=None, num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
+                pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+            )
+        new_tokens = out.sequences[:, enc["input_ids"].shape[1] :]
+        logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, vocab]
+        if not greedy and params.temperature != 1.0:
+            logits = logits / params.temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+        return [self._sample(i // params.n, prompt_ids[i // params.n], new_tokens[i], logp[i])
+                for i in range(new_tokens.shape[0])]
+
+    def _sample(self, prompt_index: int, prompt_ids: List[int], tokens: Any, logp: Any) -> Sample:
+        eos = self.tokenizer.eos_token_id
+        ids = tokens.tolist()
+        finished = eos in ids
+        length = ids.index(eos) + 1 if finished else len(ids)
+        completion = ids[:length]
+        text = self.tokenizer.decode(completion, skip_special_tokens=True)
+        return Sample(prompt_index, prompt_ids, completion, text, logp[:length].tolist(), self.version, finished)
+
+    def update_weights(self, state: Dict[str, Any], version: int) -> float:
+        start = time.perf_counter()
+        with self.torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                tensor.copy_(state[name])
+        self.version = version
+        return time.perf_counter() - start
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()

