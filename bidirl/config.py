@@ -104,6 +104,12 @@ class ClusterConfig:
 
 
 @dataclass
+class LaunchConfig:
+    # sync: colocated, generate then train on the same device (veRL-style); async: fixed partition (AReaL-style)
+    mode: str = "sync"
+
+
+@dataclass
 class LoggingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled
     wandb_project: str = "bidirl"
@@ -123,6 +129,7 @@ class PipelineConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -224,6 +231,7 @@ _CHOICES = {
     "algorithm.name": ("grpo",),
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
+    "launch.mode": ("sync", "async"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 

@@ -22,7 +22,6 @@ State = Dict[str, Any]
 NOT_BUILT = {
     "profile": "profiling the performance model",
     "plan": "the scheduling-aware planner",
-    "train": "the GRPO training loop",
     "launch": "the torchrun hot-switch runtime",
     "compare": "baseline comparison",
     "simulate": "the discrete-event cluster simulator",
@@ -66,9 +65,25 @@ def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     say(f"held-out greedy accuracy: {result.accuracy:.1%} on {result.num_problems} problems ({seconds:.0f} s)")
 
 
+def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.plots import plot_learning_curves
+    from bidirl.sync_loop import train_sync
+
+    if cfg.launch.mode != "sync":
+        raise NotBuiltYet(f"launch.mode={cfg.launch.mode} needs the multi-process runtime (bidirl launch)")
+    if "model" not in state:
+        stage_prepare_model(cfg, run, state)
+    result = train_sync(cfg, run, state["model"].path)
+    plot = plot_learning_curves(run.path / "metrics.jsonl", run.path / "learning_curve.png")
+    state["summary"]["train"] = {**result, "plot": str(plot)}
+    say(f"held-out greedy accuracy {result['accuracy_start']:.1%} -> {result['accuracy_end']:.1%}; "
+        f"curve: {plot}")
+
+
 STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
     "prepare_model": stage_prepare_model,
     "evaluate": stage_evaluate,
+    "train": stage_train,
 }
 
 
