@@ -78,6 +78,7 @@ class RolloutConfig:
 class TrainConfig:
     engine: str = "torch"  # "torch" or "deepspeed"
     lr: float = 1e-4
+    lr_warmup_steps: int = 20
     prompts_per_step: int = 16
     micro_batch_size: int = 64
     steps: int = 100

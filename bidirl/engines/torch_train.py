@@ -33,6 +33,10 @@ class TorchTrainEngine:
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=(0.9, 0.99),
                                            weight_decay=0.0)
+        # Linear warm-up: Adam's first bias-corrected steps move every coordinate by the full lr
+        # (sign-SGD), which on a small model wipes out more than the first noisy gradients teach.
+        warmup = max(1, cfg.train.lr_warmup_steps)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
         self.ref = copy.deepcopy(self.model).eval() if cfg.algorithm.kl_coef > 0 else None
         self.version = 0
         self._pending: Dict[str, float] = {}
@@ -76,9 +80,10 @@ class TorchTrainEngine:
     def apply_grads(self) -> Dict[str, float]:
         grad_norm = self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
+        self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        return {"grad_norm": float(grad_norm), "version": self.version}
+        return {"grad_norm": float(grad_norm), "lr": self.schedule.get_last_lr()[0], "version": self.version}
 
     def step(self, batch: Sequence[Sample]) -> Dict[str, float]:
         return {**self.compute_grads(batch), **self.apply_grads()}
@@ -101,7 +106,8 @@ class TorchTrainEngine:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         self.model.save_pretrained(tmp, safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
-        self.torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, tmp / OPTIMIZER_FILE)
+        state = {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "version": self.version}
+        self.torch.save(state, tmp / OPTIMIZER_FILE)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -114,4 +120,5 @@ class TorchTrainEngine:
             raise BidirlError(f"{directory}: corrupt checkpoint ({type(exc).__name__}: {exc})") from None
         self.model.load_state_dict(model.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
         self.version = int(state["version"])

@@ -31,7 +31,7 @@ def _configure_environment(cache_root: str) -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(cache_root).resolve()))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # per-reload RotaryEmbedding warnings are noise
 
 
 class VLLMRolloutEngine:

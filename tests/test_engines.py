@@ -1,0 +1,116 @@
+"""Both rollout engines against the torch trainer, on a small random Qwen2 saved to disk."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from bidirl.engines.hf_rollout import HFRolloutEngine
+from bidirl.engines.protocols import SamplingParams
+from bidirl.engines.torch_train import TorchTrainEngine
+from bidirl.errors import BidirlError
+from bidirl.grpo import assign_advantages
+from tests.builders import small_config, small_model_dir
+
+PROMPTS = ["Calculate 3 + 4.", "Calculate 9 - 2 + 1.", "Question: 1 + 1\nAnswer:"]
+PARAMS = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, seed=0)
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return small_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(model_dir, tmp_path_factory):
+    from bidirl.engines.vllm_rollout import VLLMRolloutEngine
+
+    return VLLMRolloutEngine(model_dir, "float32", 0, str(tmp_path_factory.mktemp("vllm-cache")))
+
+
+def mean_abs_logprob_gap(trainer, samples):
+    recomputed = trainer.logprobs(samples)
+    gaps = [abs(a - b) for s, r in zip(samples, recomputed) for a, b in zip(s.logprobs, r)]
+    return sum(gaps) / len(gaps)
+
+
+def train_one_step(trainer, samples):
+    for i, s in enumerate(samples):
+        s.reward = float(i % 2)  # any non-constant reward gives a non-zero gradient
+    assign_advantages(samples)
+    stats = trainer.step(samples)
+    assert stats["grad_norm"] > 0
+    return stats
+
+
+def test_hf_engine_returns_n_samples_per_prompt_with_one_logprob_per_token(model_dir):
+    samples = HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS)
+    assert len(samples) == len(PROMPTS) * PARAMS.n
+    assert sorted({s.prompt_index for s in samples}) == [0, 1, 2]
+    for s in samples:
+        assert 1 <= len(s.completion_ids) <= PARAMS.max_new_tokens
+        assert len(s.logprobs) == len(s.completion_ids) and all(lp <= 0 for lp in s.logprobs)
+        assert s.version == 0
+
+
+def test_hf_engine_logprobs_match_the_trainer_for_fresh_weights(model_dir):
+    trainer = TorchTrainEngine(model_dir, small_config())
+    samples = HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS)
+    assert mean_abs_logprob_gap(trainer, samples) < 1e-4
+
+
+def test_weight_sync_makes_hf_engine_logprobs_match_the_trained_policy(model_dir):
+    trainer, engine = TorchTrainEngine(model_dir, small_config()), HFRolloutEngine(model_dir)
+    train_one_step(trainer, engine.generate(PROMPTS, PARAMS))
+    stale = engine.generate(PROMPTS, PARAMS)
+    assert mean_abs_logprob_gap(trainer, stale) > 1e-3  # the trainer moved away
+    engine.update_weights(trainer.state_dict(), trainer.version)
+    fresh = engine.generate(PROMPTS, PARAMS)
+    assert mean_abs_logprob_gap(trainer, fresh) < 1e-4 and fresh[0].version == 1
+
+
+def test_greedy_generation_is_deterministic(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    greedy = SamplingParams(n=1, max_new_tokens=6, temperature=0.0)
+    assert [s.text for s in engine.generate(PROMPTS, greedy)] == [s.text for s in engine.generate(PROMPTS, greedy)]
+
+
+def test_trainer_checkpoint_round_trips_weights_optimizer_and_version(model_dir, tmp_path):
+    trainer = TorchTrainEngine(model_dir, small_config())
+    train_one_step(trainer, HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS))
+    trainer.save(str(tmp_path / "ckpt"))
+    restored = TorchTrainEngine(model_dir, small_config())
+    restored.load(str(tmp_path / "ckpt"))
+    assert restored.version == 1
+    for (name, a), b in zip(trainer.state_dict().items(), restored.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert restored.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+
+
+def test_a_corrupt_checkpoint_is_one_clear_error(model_dir, tmp_path):
+    trainer = TorchTrainEngine(model_dir, small_config())
+    trainer.save(str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt" / "optimizer.pt").write_bytes(b"truncated")
+    with pytest.raises(BidirlError, match="corrupt checkpoint"):
+        trainer.load(str(tmp_path / "ckpt"))
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+def test_vllm_engine_logprobs_match_the_trainer_for_fresh_weights(model_dir, vllm_engine):
+    trainer = TorchTrainEngine(model_dir, small_config())
+    samples = vllm_engine.generate(PROMPTS, PARAMS)
+    assert len(samples) == len(PROMPTS) * PARAMS.n
+    assert mean_abs_logprob_gap(trainer, samples) < 1e-4
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+def test_vllm_in_place_weight_update_tracks_the_trainer_including_tied_embeddings(model_dir, vllm_engine):
+    trainer = TorchTrainEngine(model_dir, small_config())
+    vllm_engine.update_weights(trainer.state_dict(), 0)
+    train_one_step(trainer, vllm_engine.generate(PROMPTS, PARAMS))
+    assert mean_abs_logprob_gap(trainer, vllm_engine.generate(PROMPTS, PARAMS)) > 1e-3
+    seconds = vllm_engine.update_weights(trainer.state_dict(), trainer.version)
+    assert seconds > 0
+    fresh = vllm_engine.generate(PROMPTS, PARAMS)
+    assert mean_abs_logprob_gap(trainer, fresh) < 1e-4 and fresh[0].version == 1

@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from bidirl.engines.protocols import Sample
+from bidirl.grpo import IMPORTANCE_WEIGHT_CAP, assign_advantages, group_advantages, policy_loss
+
+
+def sample(prompt_index, reward):
+    return Sample(prompt_index, [1], [2], "", [0.0], 0, reward=reward)
+
+
+def test_group_advantages_are_centred_and_scaled_by_the_group_std():
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0])
+    assert sum(adv) == pytest.approx(0.0, abs=1e-6)
+    assert adv[0] == pytest.approx(3 ** 0.5, rel=1e-4) and adv[1] == pytest.approx(-(3 ** -0.5), rel=1e-4)
+
+
+def test_a_group_with_equal_rewards_carries_no_signal():
+    assert group_advantages([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
+
+
+def test_without_std_scaling_advantages_are_reward_minus_group_mean():
+    assert group_advantages([1.0, 0.0], std_normalize=False) == [0.5, -0.5]
+
+
+def test_advantages_are_computed_within_each_prompts_group():
+    samples = [sample(0, 1.0), sample(1, 1.0), sample(0, 0.0), sample(1, 1.0)]
+    assign_advantages(samples)
+    assert samples[0].advantage > 0 > samples[2].advantage
+    assert samples[1].advantage == samples[3].advantage == 0.0
+
+
+def _loss(logp, behaviour, adv, aggregation="token_mean"):
+    mask = torch.ones_like(logp)
+    return policy_loss(logp, behaviour, torch.tensor(adv), mask, 0.2, aggregation,
+                       int(mask.sum()), logp.shape[0])
+
+
+def test_gradient_raises_log_probs_of_positive_advantage_tokens_and_lowers_negative_ones():
+    logp = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]], requires_grad=True)
+    _loss(logp, logp.detach(), [1.0, -1.0])["loss"].backward()
+    assert (logp.grad[0] < 0).all() and (logp.grad[1] > 0).all()  # descent raises row 0, lowers row 1
+
+
+def test_fresh_samples_have_unit_importance_weight():
+    logp = torch.tensor([[-1.0, -2.0]])
+    assert _loss(logp, logp, [1.0])["stats"]["importance_weight_mean"] == pytest.approx(1.0)
+
+
+def test_stale_samples_are_reweighted_by_current_over_behaviour_probability_and_capped():
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1.0 - 0.5, -1.0 + 10.0]])  # one token more likely now, one far less
+    out = _loss(logp, behaviour, [1.0])
+    out["loss"].backward()
+    expected = torch.tensor([torch.exp(torch.tensor(0.5)).item(), torch.exp(torch.tensor(-10.0)).item()])
+    assert torch.allclose(-logp.grad[0] * 2, expected, rtol=1e-4)
+    huge = _loss(torch.tensor([[0.0]]), torch.tensor([[-50.0]]), [1.0])
+    assert huge["stats"]["importance_weight_mean"] == pytest.approx(IMPORTANCE_WEIGHT_CAP)
+
+
+def test_sequence_mean_weighs_each_sequence_equally_whatever_its_length():
+    logp = torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-1.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    policy_loss(logp, logp.detach(), torch.tensor([1.0, 1.0]), mask, 0.2, "seq_mean", 5, 2)["loss"].backward()
+    assert logp.grad[0, 0].item() == pytest.approx(-1 / 8) and logp.grad[1, 0].item() == pytest.approx(-1 / 2)
