@@ -8,6 +8,7 @@ pipeline naming a stage that is not built yet fails at once with one line instea
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict
 
 from bidirl.config import PipelineConfig
@@ -40,23 +41,30 @@ def stage_prepare_model(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     say(f"model ready: {prepared.path}")
 
 
+def rollout_engine(cfg: PipelineConfig, state: State) -> Any:
+    """The run's rollout engine, started once and shared by the stages (vLLM start-up costs seconds)."""
+    from bidirl.engines import build_rollout_engine
+
+    if "rollout" not in state:
+        state["rollout"] = build_rollout_engine(cfg, state["model"].path, str(Path(cfg.model.cache_dir).parent / "vllm"))
+    return state["rollout"]
+
+
 def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     from bidirl.data import load_problems
-    from bidirl.evaluate import greedy_accuracy
-    from bidirl.models.sources import load_model
+    from bidirl.evaluate import engine_accuracy
     from bidirl.prompts import format_prompt
     from bidirl.ui import progress_bar
 
     if "model" not in state:
         stage_prepare_model(cfg, run, state)
-    model, tokenizer = load_model(state["model"].path, cfg.model.dtype)
+    engine = rollout_engine(cfg, state)
     problems = load_problems(cfg.data, "test")
     shots = load_problems(cfg.data, "train")[: cfg.data.few_shot] if cfg.data.few_shot else []
-    prompt = lambda p: format_prompt(p, cfg.data.prompt_style, tokenizer, shots)  # noqa: E731
+    prompts = [format_prompt(p, cfg.data.prompt_style, engine.tokenizer, shots) for p in problems]
     start = time.time()
     with progress_bar("greedy eval", len(problems), cfg.logging.progress) as advance:
-        result = greedy_accuracy(model, tokenizer, problems, prompt, cfg.rollout.max_new_tokens,
-                                 batch_size=cfg.train.micro_batch_size, on_batch=advance)
+        result = engine_accuracy(engine, problems, prompts, cfg.rollout.max_new_tokens, on_batch=advance)
     seconds = time.time() - start
     run.log(0, stage="evaluate", eval_accuracy=result.accuracy, eval_problems=result.num_problems,
             eval_s=round(seconds, 2))
@@ -73,7 +81,7 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
         raise NotBuiltYet(f"launch.mode={cfg.launch.mode} needs the multi-process runtime (bidirl launch)")
     if "model" not in state:
         stage_prepare_model(cfg, run, state)
-    result = train_sync(cfg, run, state["model"].path)
+    result = train_sync(cfg, run, state["model"].path, rollout_engine(cfg, state))
     plot = plot_learning_curves(run.path / "metrics.jsonl", run.path / "learning_curve.png")
     state["summary"]["train"] = {**result, "plot": str(plot)}
     say(f"held-out greedy accuracy {result['accuracy_start']:.1%} -> {result['accuracy_end']:.1%}; "

@@ -20,12 +20,13 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.data import Problem, load_problems
 from bidirl.engines import build_rollout_engine, build_train_engine
 from bidirl.engines.protocols import Sample, SamplingParams
+from bidirl.evaluate import engine_accuracy
 from bidirl.grpo import assign_advantages
 from bidirl.prompts import format_prompt
 from bidirl.reward import numeric_reward
@@ -54,14 +55,10 @@ def score(samples: Sequence[Sample], problems: Sequence[Problem], format_reward:
         sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer, format_reward)
 
 
-def greedy_eval(rollout: Any, prompts: Sequence[str], problems: Sequence[Problem], max_new_tokens: int) -> float:
-    samples = rollout.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0))
-    return sum(numeric_reward(s.text, problems[s.prompt_index].answer) for s in samples) / len(problems)
-
-
-def train_sync(cfg: PipelineConfig, run: RunDir, model_path: str) -> Dict[str, Any]:
+def train_sync(cfg: PipelineConfig, run: RunDir, model_path: str, rollout: Optional[Any] = None) -> Dict[str, Any]:
+    """Runs ``train.steps`` GRPO steps; ``rollout`` may be an engine already started on ``model_path``."""
     start = time.time()
-    rollout = build_rollout_engine(cfg, model_path, str(Path(cfg.model.cache_dir).parent / "vllm"))
+    rollout = rollout or build_rollout_engine(cfg, model_path, str(Path(cfg.model.cache_dir).parent / "vllm"))
     trainer = build_train_engine(cfg, model_path)
     say(f"engines ready in {time.time() - start:.1f} s (rollout: {cfg.rollout.engine}, train: {cfg.train.engine})")
     tokenizer = trainer.tokenizer
@@ -71,14 +68,16 @@ def train_sync(cfg: PipelineConfig, run: RunDir, model_path: str) -> Dict[str, A
     held_out_prompts = [prompt(p) for p in held_out]
     params = SamplingParams(n=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.seed)
-    evaluate = lambda: greedy_eval(rollout, held_out_prompts, held_out, cfg.rollout.max_new_tokens)  # noqa: E731
+    evaluate = lambda: engine_accuracy(rollout, held_out, held_out_prompts, cfg.rollout.max_new_tokens).accuracy  # noqa: E731
     curve = [(0, 0.0, evaluate())]
     run.log(0, eval_accuracy=curve[0][2])
     say(f"step 0: held-out greedy accuracy {curve[0][2]:.1%}")
     run.started = time.time()  # the learning curve's clock starts at the first RL step
+    step_seconds = 0.0
     with progress_bar("GRPO (sync)", cfg.train.steps, cfg.logging.progress) as advance:
         for step in range(1, cfg.train.steps + 1):
             metrics = _one_step(cfg, rollout, trainer, sampler, prompt, params)
+            step_seconds += metrics["step_s"]
             if step % cfg.logging.eval_every == 0 or step == cfg.train.steps:
                 metrics["eval_accuracy"] = evaluate()
                 curve.append((step, time.time() - run.started, metrics["eval_accuracy"]))
@@ -87,6 +86,7 @@ def train_sync(cfg: PipelineConfig, run: RunDir, model_path: str) -> Dict[str, A
     trainer.save(str(run.path / "checkpoint"))
     return {"curve": [{"step": s, "minutes": round(t / 60, 2), "accuracy": a} for s, t, a in curve],
             "accuracy_start": curve[0][2], "accuracy_end": curve[-1][2], "final_version": trainer.version,
+            "rl_seconds": round(step_seconds, 2),  # generate + train + sync, without evaluations
             "checkpoint": str(run.path / "checkpoint")}
 
 
@@ -98,7 +98,9 @@ def _one_step(cfg: PipelineConfig, rollout: Any, trainer: Any, sampler: PromptSa
     t1 = time.perf_counter()
     score(samples, problems, cfg.algorithm.format_reward)
     assign_advantages(samples, cfg.algorithm.std_normalize)
-    stats = trainer.step(samples)
+    # Groups whose rewards are all equal have zero advantage and add nothing to the gradient: skip them.
+    informative = [s for s in samples if s.advantage != 0.0]
+    stats = trainer.step(informative) if informative else trainer.apply_grads()
     t2 = time.perf_counter()
     sync_s = rollout.update_weights(trainer.state_dict(), trainer.version)
     t3 = time.perf_counter()
@@ -107,6 +109,7 @@ def _one_step(cfg: PipelineConfig, rollout: Any, trainer: Any, sampler: PromptSa
         "reward_mean": sum(s.reward for s in samples) / len(samples),
         "completion_tokens_mean": tokens / len(samples),
         "finished_ratio": sum(s.finished for s in samples) / len(samples),
+        "informative_ratio": len(informative) / len(samples),
         "rollout_s": round(t1 - t0, 4), "train_s": round(t2 - t1, 4), "sync_s": round(sync_s, 4),
         "step_s": round(t3 - t0, 4),
         "samples_per_s": len(samples) / (t3 - t0), "tokens_per_s": tokens / (t3 - t0),

@@ -13,7 +13,7 @@ BIDIRL = [str(Path(sys.executable).with_name("bidirl"))]
 TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=128", "model.tiny.sft_steps=2",
         "model.tiny.sft_batch_size=8", "model.tiny.sft_examples=32", "data.eval_size=8",
-        "logging.wandb_mode=offline", "logging.progress=false"]
+        "logging.wandb_mode=offline", "logging.progress=false", "rollout.engine=hf"]
 
 
 def bidirl(*args, cwd=None):
@@ -73,7 +73,7 @@ def test_debug_flag_shows_the_traceback():
 
 def test_run_writes_a_complete_run_directory(tmp_path):
     result = bidirl("run", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
-                    f"model.cache_dir={tmp_path}/cache", *TINY)
+                    f"model.cache_dir={tmp_path}/cache", "stages=[prepare_model,evaluate]", *TINY)
     assert result.returncode == 0, result.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -83,3 +83,21 @@ def test_run_writes_a_complete_run_directory(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and 0.0 <= summary["evaluation"]["accuracy"] <= 1.0
     assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_train_stage_writes_metrics_curve_and_checkpoint(tmp_path):
+    result = bidirl("run", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
+                    f"model.cache_dir={tmp_path}/cache", "stages=[prepare_model,train]", "train.steps=3",
+                    "logging.eval_every=2", "train.prompts_per_step=4", "rollout.group_size=4", *TINY)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for key in ("rollout_s", "train_s", "sync_s", "samples_per_s", "tokens_per_s", "grad_norm"):
+        assert key in steps[0]
+    assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2, 3]
+    assert (run_dir / "learning_curve.png").stat().st_size > 0
+    assert (run_dir / "checkpoint" / "config.json").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train"]["final_version"] == 3 and len(summary["train"]["curve"]) == 3
