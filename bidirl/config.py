@@ -83,6 +83,7 @@ class TrainConfig:
     micro_batch_size: int = 64
     steps: int = 100
     max_grad_norm: float = 1.0
+    zero_stage: int = 1  # DeepSpeed ZeRO stage (train.engine=deepspeed)
 
 
 @dataclass

@@ -20,7 +20,7 @@ def plot_learning_curves(metrics_file: Path, out: Path) -> Path:
 
     rows = read_metrics(metrics_file)
     train = [r for r in rows if "reward_mean" in r]
-    evals = [r for r in rows if "eval_accuracy" in r]
+    evals = [r for r in rows if "eval_accuracy" in r and "stage" not in r]  # the RL loop's own evaluations
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "step", "step"), (axes[1], "time_s", "minutes")):
         scale = 60.0 if key == "time_s" else 1.0

@@ -70,9 +70,9 @@ def train_sync(cfg: PipelineConfig, run: RunDir, model_path: str, rollout: Optio
                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.seed)
     evaluate = lambda: engine_accuracy(rollout, held_out, held_out_prompts, cfg.rollout.max_new_tokens).accuracy  # noqa: E731
     curve = [(0, 0.0, evaluate())]
+    run.started = time.time()  # the learning curve's clock starts at the first RL step
     run.log(0, eval_accuracy=curve[0][2])
     say(f"step 0: held-out greedy accuracy {curve[0][2]:.1%}")
-    run.started = time.time()  # the learning curve's clock starts at the first RL step
     step_seconds = 0.0
     with progress_bar("GRPO (sync)", cfg.train.steps, cfg.logging.progress) as advance:
         for step in range(1, cfg.train.steps + 1):

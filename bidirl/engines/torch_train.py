@@ -48,42 +48,54 @@ class TorchTrainEngine:
         ``total_tokens``/``total_sequences`` are those of the whole optimizer batch, so that gradients
         computed for parts of a batch (micro-batches, other devices) add up to the batch gradient.
         """
-        torch = self.torch
         total_tokens = total_tokens or sum(len(s.completion_ids) for s in batch)
         total_sequences = total_sequences or len(batch)
         stats: Dict[str, float] = {"loss": 0.0, "kl": 0.0}
         micro = self.cfg.train.micro_batch_size
         for start in range(0, len(batch), micro):
             part = batch[start : start + micro]
-            ids, attention, mask = pack(part, self.tokenizer.pad_token_id, torch)
-            logp = token_logprobs(self.model, ids, attention, self.cfg.rollout.temperature, torch)
-            behaviour = torch.zeros_like(logp)
-            for row, sample in enumerate(part):
-                first = len(sample.prompt_ids) - 1
-                behaviour[row, first : first + len(sample.logprobs)] = torch.tensor(sample.logprobs)
-            adv = torch.tensor([s.advantage for s in part], dtype=torch.float32)
-            out = policy_loss(logp, behaviour, adv, mask, self.cfg.algorithm.clip_eps,
-                              self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences)
-            loss = out["loss"]
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_logp = token_logprobs(self.ref, ids, attention, self.cfg.rollout.temperature, torch)
-                kl = k3_kl(logp, ref_logp, mask, total_tokens)
-                loss = loss + self.cfg.algorithm.kl_coef * kl
-                stats["kl"] += kl.item()
-            loss.backward()
-            stats["loss"] += loss.item()
-            for key, value in out["stats"].items():
-                stats[key] = stats.get(key, 0.0) + value * len(part) / len(batch)
+            loss, part_stats = self._micro_batch_loss(part, total_tokens, total_sequences)
+            self._backward(loss, last=start + micro >= len(batch))
+            for key, value in part_stats.items():
+                weight = 1.0 if key in ("loss", "kl") else len(part) / len(batch)
+                stats[key] = stats.get(key, 0.0) + value * weight
         return stats
 
-    def apply_grads(self) -> Dict[str, float]:
+    def _micro_batch_loss(self, part: Sequence[Sample], total_tokens: int, total_sequences: int):
+        torch = self.torch
+        ids, attention, mask = pack(part, self.tokenizer.pad_token_id, torch)
+        logp = token_logprobs(self.model, ids, attention, self.cfg.rollout.temperature, torch)
+        behaviour = torch.zeros_like(logp)
+        for row, sample in enumerate(part):
+            first = len(sample.prompt_ids) - 1
+            behaviour[row, first : first + len(sample.logprobs)] = torch.tensor(sample.logprobs)
+        adv = torch.tensor([s.advantage for s in part], dtype=torch.float32)
+        out = policy_loss(logp, behaviour, adv, mask, self.cfg.algorithm.clip_eps,
+                          self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences)
+        loss, stats = out["loss"], dict(out["stats"])
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self.ref, ids, attention, self.cfg.rollout.temperature, torch)
+            kl = k3_kl(logp, ref_logp, mask, total_tokens)
+            loss = loss + self.cfg.algorithm.kl_coef * kl
+            stats["kl"] = kl.item()
+        stats["loss"] = loss.item()
+        return loss, stats
+
+    def _backward(self, loss: Any, last: bool) -> None:
+        loss.backward()
+
+    def _optimizer_step(self) -> float:
         grad_norm = self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def apply_grads(self) -> Dict[str, float]:
+        grad_norm = self._optimizer_step()
         self.version += 1
-        return {"grad_norm": float(grad_norm), "lr": self.schedule.get_last_lr()[0], "version": self.version}
+        return {"grad_norm": grad_norm, "lr": self.schedule.get_last_lr()[0], "version": self.version}
 
     def step(self, batch: Sequence[Sample]) -> Dict[str, float]:
         return {**self.compute_grads(batch), **self.apply_grads()}
