@@ -8,33 +8,31 @@ between generate calls (chunks of ``max_batch`` sequences).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Dict, List, Sequence
 
-from bidirl.engines.protocols import Sample, SamplingParams
+from bidirl.engines.protocols import PauseGate, Sample, SamplingParams
 from bidirl.models.sources import load_model
 
 
-class HFRolloutEngine:
+class HFRolloutEngine(PauseGate):
     max_batch = 256  # sequences per generate call
 
     def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0):
         import torch
 
+        super().__init__()
         self.torch = torch
         self.model, self.tokenizer = load_model(model_path, dtype)
         self.version = 0
         self._calls = 0
         self._seed = seed
-        self._running = threading.Event()
-        self._running.set()
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
         per_call = max(1, self.max_batch // params.n)
         samples: List[Sample] = []
         for start in range(0, len(prompts), per_call):
-            self._running.wait()  # paused engines finish the chunk in flight, then wait here
+            self.wait_if_paused()  # paused engines finish the chunk in flight, then wait here
             chunk = prompts[start : start + per_call]
             for sample in self._generate_chunk(chunk, params):
                 sample.prompt_index += start
@@ -79,9 +77,3 @@ class HFRolloutEngine:
                 tensor.copy_(state[name])
         self.version = version
         return time.perf_counter() - start
-
-    def pause(self) -> None:
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()

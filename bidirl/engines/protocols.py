@@ -8,6 +8,7 @@ optimizer steps, and hands out its weights for synchronisation to rollout engine
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
@@ -65,3 +66,23 @@ class TrainEngine(Protocol):
     def save(self, directory: str) -> None: ...
 
     def load(self, directory: str) -> None: ...
+
+
+class PauseGate:
+    """Mixin for rollout engines: ``pause`` makes the next ``wait_if_paused`` block until ``resume``.
+
+    Work already in flight finishes; the engine checks the gate before each new chunk of generation.
+    """
+
+    def __init__(self) -> None:
+        self._running_gate = threading.Event()
+        self._running_gate.set()
+
+    def wait_if_paused(self) -> None:
+        self._running_gate.wait()
+
+    def pause(self) -> None:
+        self._running_gate.clear()
+
+    def resume(self) -> None:
+        self._running_gate.set()

@@ -16,12 +16,11 @@ few seconds on CPU and lets weight updates pass tensors directly. Facts this rel
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from bidirl.engines.protocols import Sample, SamplingParams
+from bidirl.engines.protocols import PauseGate, Sample, SamplingParams
 from bidirl.errors import BidirlError
 
 
@@ -34,9 +33,10 @@ def _configure_environment(cache_root: str) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # per-reload RotaryEmbedding warnings are noise
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(PauseGate):
     def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, cache_root: str = ".cache/vllm",
                  max_model_len: int | None = None):
+        super().__init__()
         _configure_environment(cache_root)
         try:
             from vllm import LLM
@@ -49,13 +49,11 @@ class VLLMRolloutEngine:
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.version = 0
-        self._running = threading.Event()
-        self._running.set()
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
         from vllm import SamplingParams as VSamplingParams
 
-        self._running.wait()
+        self.wait_if_paused()
         greedy = params.temperature <= 0
         sampling = VSamplingParams(
             n=params.n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
@@ -80,9 +78,3 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - start
-
-    def pause(self) -> None:
-        self._running.clear()
-
-    def resume(self) -> None:
-        self._running.set()
