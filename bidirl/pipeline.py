@@ -8,7 +8,6 @@ pipeline naming a stage that is not built yet fails at once with one line instea
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict
 
 from bidirl.config import PipelineConfig
@@ -46,7 +45,7 @@ def rollout_engine(cfg: PipelineConfig, state: State) -> Any:
     from bidirl.engines import build_rollout_engine
 
     if "rollout" not in state:
-        state["rollout"] = build_rollout_engine(cfg, state["model"].path, str(Path(cfg.model.cache_dir).parent / "vllm"))
+        state["rollout"] = build_rollout_engine(cfg, state["model"].path)
     return state["rollout"]
 
 

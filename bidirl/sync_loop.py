@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
@@ -58,7 +57,7 @@ def score(samples: Sequence[Sample], problems: Sequence[Problem], format_reward:
 def train_sync(cfg: PipelineConfig, run: RunDir, model_path: str, rollout: Optional[Any] = None) -> Dict[str, Any]:
     """Runs ``train.steps`` GRPO steps; ``rollout`` may be an engine already started on ``model_path``."""
     start = time.time()
-    rollout = rollout or build_rollout_engine(cfg, model_path, str(Path(cfg.model.cache_dir).parent / "vllm"))
+    rollout = rollout or build_rollout_engine(cfg, model_path)
     trainer = build_train_engine(cfg, model_path)
     say(f"engines ready in {time.time() - start:.1f} s (rollout: {cfg.rollout.engine}, train: {cfg.train.engine})")
     tokenizer = trainer.tokenizer

@@ -34,7 +34,7 @@ def main() -> None:
         cfg = load_config(pipeline, [*args, f"rollout.engine={engine}", "train.lr=1e-4", "train.lr_warmup_steps=1"])
         prepare_process(cfg.cluster.device_type)
         path = prepare_model(cfg).path
-        rollout, trainer = build_rollout_engine(cfg, path, ".cache/vllm"), build_train_engine(cfg, path)
+        rollout, trainer = build_rollout_engine(cfg, path), build_train_engine(cfg, path)
         problems = load_problems(cfg.data, "train")[: cfg.train.prompts_per_step]
         prompts = [format_prompt(p, cfg.data.prompt_style, trainer.tokenizer) for p in problems]
         params = SamplingParams(n=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,

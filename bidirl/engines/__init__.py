@@ -6,15 +6,17 @@ An engine is chosen once, by name, when a run is built (:func:`build_rollout_eng
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bidirl.config import PipelineConfig
 
 
-def build_rollout_engine(cfg: PipelineConfig, model_path: str, cache_root: str) -> Any:
+def build_rollout_engine(cfg: PipelineConfig, model_path: str) -> Any:
     if cfg.rollout.engine == "vllm":
         from bidirl.engines.vllm_rollout import VLLMRolloutEngine
 
+        cache_root = str(Path(cfg.model.cache_dir).parent / "vllm")  # vLLM's own cache beside our models
         return VLLMRolloutEngine(model_path, cfg.model.dtype, cfg.seed, cache_root)
     from bidirl.engines.hf_rollout import HFRolloutEngine
 
