@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -30,7 +31,12 @@ class RunDir:
         self.path.mkdir(parents=True)
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
-        self._wandb = _start_wandb(cfg, self.path)
+        try:
+            self._wandb = _start_wandb(cfg, self.path)
+        except BidirlError:
+            self._metrics.close()
+            shutil.rmtree(self.path)  # no half-made run directory for a run that never started
+            raise
         self.started = time.time()
 
     def log(self, step: int, **metrics: Any) -> None:

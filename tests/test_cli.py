@@ -101,3 +101,12 @@ def test_train_stage_writes_metrics_curve_and_checkpoint(tmp_path):
     assert (run_dir / "checkpoint" / "config.json").is_file()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["train"]["final_version"] == 3 and len(summary["train"]["curve"]) == 3
+
+
+def test_wandb_online_without_an_api_key_is_one_line_and_leaves_no_run_directory(tmp_path):
+    env_free = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    result = subprocess.run(BIDIRL + ["run", "pipelines/cpu-tiny.yaml", "logging.wandb_mode=online",
+                                      f"output_dir={tmp_path}", "stages=[prepare_model]"],
+                            capture_output=True, text=True, env={**env_free, "HOME": str(tmp_path)}, timeout=600)
+    assert_one_line_error(result, "logging.wandb_mode=online")
+    assert not any(tmp_path.glob("cpu-tiny-*"))
