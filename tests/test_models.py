@@ -3,12 +3,11 @@ import json
 import pytest
 import torch
 
-from bidirl.config import TinyModelConfig, load_config
+from bidirl.config import load_config
 from bidirl.errors import BidirlError
 from bidirl.models.sources import INFO_FILE, load_model, prepare_model
 from bidirl.models.tiny import build_model, build_tokenizer, save_hf
-
-SMALL = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+from tests.builders import SMALL
 
 
 def _tiny_pipeline(tmp_path, *extra):

@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
@@ -150,7 +150,3 @@ def _read_info(directory: Path) -> Dict[str, Any]:
         return json.loads((directory / INFO_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-
-
-def info_dict(prepared: PreparedModel) -> Dict[str, Any]:
-    return asdict(prepared)
