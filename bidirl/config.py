@@ -107,8 +107,11 @@ class ClusterConfig:
 
 @dataclass
 class LaunchConfig:
-    # sync: colocated, generate then train on the same device (veRL-style); async: fixed partition (AReaL-style)
+    # The scheduling policy (bidirl.sched.policies): sync = colocated veRL-style, async = fixed partition
+    # AReaL-style, async-lend = async + rollout devices lent to training when admission blocks them.
     mode: str = "sync"
+    chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
+    collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
 
 
 @dataclass
@@ -233,7 +236,7 @@ _CHOICES = {
     "algorithm.name": ("grpo",),
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
-    "launch.mode": ("sync", "async"),
+    "launch.mode": ("sync", "async", "async-lend"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 
@@ -250,6 +253,7 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
             close = difflib.get_close_matches(stage, STAGES, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (valid: {', '.join(STAGES)})"
             raise ConfigError(f"{source}: unknown stage '{stage}' in 'stages'{hint}")
-    for key in ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "cluster.devices"):
+    for key in ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "cluster.devices",
+                "launch.chunk_groups"):
         if OmegaConf.select(node, key) < 1:
             raise ConfigError(f"{source}: key '{key}' must be at least 1")

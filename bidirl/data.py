@@ -14,9 +14,10 @@ worked solution), so the rest of bidirl never knows where a problem came from.
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from bidirl.config import DataConfig
 from bidirl.errors import BidirlError
@@ -129,3 +130,19 @@ def _is_held_out(question: str) -> bool:
 
 def _number_text(value: Any) -> str:
     return str(value.numerator) if value.denominator == 1 else str(float(value))
+
+
+class PromptSampler:
+    """Cycles through the training problems, reshuffled every epoch (seeded)."""
+
+    def __init__(self, problems: Sequence[Problem], seed: int):
+        self.problems, self.rng, self.order = list(problems), random.Random(seed), []
+
+    def next(self, count: int) -> List[Problem]:
+        batch = []
+        while len(batch) < count:
+            if not self.order:
+                self.order = list(range(len(self.problems)))
+                self.rng.shuffle(self.order)
+            batch.append(self.problems[self.order.pop()])
+        return batch

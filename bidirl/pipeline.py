@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable, Dict
 
 from bidirl.config import PipelineConfig
-from bidirl.errors import NotBuiltYet
+from bidirl.errors import BidirlError, NotBuiltYet
 from bidirl.rundir import RunDir
 from bidirl.runtime_env import prepare_process
 from bidirl.ui import say
@@ -22,7 +22,6 @@ State = Dict[str, Any]
 NOT_BUILT = {
     "profile": "profiling the performance model",
     "plan": "the scheduling-aware planner",
-    "launch": "the torchrun hot-switch runtime",
     "compare": "baseline comparison",
     "simulate": "the discrete-event cluster simulator",
 }
@@ -73,18 +72,18 @@ def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    from bidirl.plots import plot_learning_curves
-    from bidirl.sync_loop import train_sync
+    from bidirl.runtime.local import train_in_process
 
     if cfg.launch.mode != "sync":
-        raise NotBuiltYet(f"launch.mode={cfg.launch.mode} needs the multi-process runtime (bidirl launch)")
+        raise BidirlError(f"launch.mode={cfg.launch.mode} needs a rollout pool and a train pool: "
+                          "use `bidirl launch` with cluster.devices >= 2")
     if "model" not in state:
         stage_prepare_model(cfg, run, state)
-    result = train_sync(cfg, run, state["model"].path, rollout_engine(cfg, state))
-    plot = plot_learning_curves(run.path / "metrics.jsonl", run.path / "learning_curve.png")
-    state["summary"]["train"] = {**result, "plot": str(plot)}
-    say(f"held-out greedy accuracy {result['accuracy_start']:.1%} -> {result['accuracy_end']:.1%}; "
-        f"curve: {plot}")
+    result = train_in_process(cfg, run, state["model"].path, rollout_engine(cfg, state))
+    state["summary"]["train"] = result
+    if "accuracy_start" in result:
+        say(f"held-out greedy accuracy {result['accuracy_start']:.1%} -> {result['accuracy_end']:.1%}; "
+            f"curve: {result['learning_curve']}")
 
 
 STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {

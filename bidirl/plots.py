@@ -52,3 +52,37 @@ def _smooth(values: List[float], window: int = 10) -> List[float]:
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+# One colour per device state; idle is pale so that gaps stand out.
+STATE_COLOURS = {"generating": "#2b83ba", "training": "#d7191c", "syncing": "#fdae61", "switching": "#7b3294",
+                 "draining": "#c2a5cf", "evaluating": "#999999", "idle": "#f0f0f0"}
+
+
+def plot_gantt(trace: List[dict], end: float, out: Path, title: str = "") -> Path:
+    """Device states over time from a trace (live runtime or simulator): one row per device."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from bidirl.sched.trace import intervals
+
+    spans = intervals(trace, end)
+    devices = sorted({d for d, *_ in spans}) or [0]
+    homes = {r["device"]: r["home"] for r in trace}
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(devices) + 1.5))
+    for device, state, _role, start, stop in spans:
+        ax.barh(device, stop - start, left=start, height=0.8, color=STATE_COLOURS.get(state, "black"), linewidth=0)
+    ax.set_yticks(devices, [f"d{d} ({homes.get(d, '?')})" for d in devices])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_xlim(0, max(end, 1e-9))
+    ax.legend(handles=[Patch(color=c, label=s) for s, c in STATE_COLOURS.items()], ncol=7,
+              loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(devices) < 4 else -0.1), fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -85,6 +85,29 @@ def evaluate(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRID
     _guard(action, debug)
 
 
+@app.command()
+def launch(
+    pipeline: Path = PIPELINE,
+    overrides: Optional[List[str]] = OVERRIDES,
+    nnodes: int = typer.Option(1, "--nnodes", help="Number of nodes (torchrun --nnodes)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (multi-node only)."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
+                                                 help="Processes on this node (default: cluster.devices + 1 on one node)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="host:port of the rendezvous (multi-node)."),
+    debug: bool = DEBUG,
+) -> None:
+    """Start the hot-switch runtime through torchrun: a controller plus cluster.devices device workers."""
+    from bidirl.runtime.launch import Topology, launch as start
+
+    def action() -> None:
+        code = start(str(pipeline), overrides or [], _config(pipeline, overrides),
+                     Topology(nnodes, node_rank, nproc_per_node, rdzv_endpoint))
+        if code:
+            raise typer.Exit(code)
+
+    _guard(action, debug)
+
+
 def _not_built(name: str, what: str) -> Callable[..., None]:
     def fail() -> None:
         raise NotBuiltYet(f"'bidirl {name}' ({what}) is not built yet")
@@ -99,7 +122,6 @@ def _not_built(name: str, what: str) -> Callable[..., None]:
 for _name, _what in [
     ("profile", "profile engines to fit time-performance models"),
     ("plan", "choose the rollout/train partition from the performance models"),
-    ("launch", "start the hot-switch runtime through torchrun"),
     ("compare", "compare bidirl with veRL, AReaL and ROLL baselines"),
     ("simulate", "simulate a cluster with the scheduling policies"),
 ]:

@@ -26,7 +26,7 @@ def main() -> None:
     from bidirl.models.sources import prepare_model
     from bidirl.prompts import format_prompt
     from bidirl.runtime_env import prepare_process
-    from bidirl.sync_loop import score
+    from bidirl.reward import numeric_reward
 
     args = sys.argv[1:]
     pipeline = args.pop(0) if args and args[0].endswith(".yaml") else "pipelines/cpu-tiny.yaml"
@@ -41,7 +41,8 @@ def main() -> None:
                                 temperature=cfg.rollout.temperature)
         samples = rollout.generate(prompts, params)
         fresh = gaps(trainer, samples)
-        score(samples, problems, 0.0)
+        for s in samples:
+            s.reward = numeric_reward(s.text, problems[s.prompt_index].answer)
         assign_advantages(samples)
         trainer.step(samples)
         stale = gaps(trainer, rollout.generate(prompts, params))

@@ -38,12 +38,12 @@ def main() -> None:
 def run_bidirl(cfg) -> dict:
     from bidirl.models.sources import prepare_model
     from bidirl.rundir import RunDir
-    from bidirl.sync_loop import train_sync
+    from bidirl.runtime.local import train_in_process
 
     model = prepare_model(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir(cfg, root=tmp)
-        result = train_sync(cfg, run, model.path)
+        result = train_in_process(cfg, run, model.path)
         run.close()
     seconds = result["rl_seconds"]  # generate + train + sync; engine start-up and evaluations excluded
     samples = cfg.train.steps * cfg.train.prompts_per_step * cfg.rollout.group_size

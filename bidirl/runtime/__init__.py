@@ -1,0 +1,1 @@
+"""The live multi-process runtime: one controller and N hot device workers, started by torchrun."""

@@ -1,0 +1,28 @@
+"""Held-out greedy accuracy of weight snapshots, computed after training so it never perturbs the timeline.
+
+The primary trainer saves a snapshot at version 0, every ``logging.eval_every`` versions and at the end
+(a few milliseconds for the tiny model); when training has finished, one device loads each snapshot into
+its rollout engine in place and decodes the held-out set greedily.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+from bidirl.config import PipelineConfig
+from bidirl.data import load_problems
+from bidirl.evaluate import engine_accuracy
+from bidirl.prompts import format_prompt
+
+
+def evaluate_snapshots(cfg: PipelineConfig, rollout: Any, train: Any,
+                       snapshots: Sequence[Tuple[int, str]]) -> List[Tuple[int, float]]:
+    import torch
+
+    problems = load_problems(cfg.data, "test")
+    prompts = [format_prompt(p, cfg.data.prompt_style, train.tokenizer) for p in problems]
+    results = []
+    for version, path in snapshots:
+        rollout.update_weights(torch.load(path, weights_only=True), version)
+        results.append((version, engine_accuracy(rollout, problems, prompts, cfg.rollout.max_new_tokens).accuracy))
+    return results

@@ -1,0 +1,63 @@
+"""``bidirl launch``: prepare the model once, then start the runtime through torchrun.
+
+Single node (default): ``--standalone`` with ``cluster.devices + 1`` processes (the controller is
+rank 0). Several nodes: every node runs ``bidirl launch`` with the same ``--nnodes`` and
+``--rdzv-endpoint`` and its own ``--node-rank`` and ``--nproc-per-node``; the ranks over all nodes
+must add up to ``cluster.devices + 1``. One OpenMP thread per process by default, because processes
+share the CPU cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import List, Optional
+
+from bidirl.config import PipelineConfig
+from bidirl.errors import BidirlError
+
+
+@dataclass
+class Topology:
+    nnodes: int = 1
+    node_rank: int = 0
+    nproc_per_node: Optional[int] = None
+    rdzv_endpoint: Optional[str] = None
+
+
+def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology) -> List[str]:
+    nproc = topo.nproc_per_node or (cfg.cluster.devices + 1 if topo.nnodes == 1 else 1)
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={topo.nnodes}", f"--nproc-per-node={nproc}"]
+    if topo.nnodes == 1 and not topo.rdzv_endpoint:
+        command.append("--standalone")
+    else:
+        command += [f"--node-rank={topo.node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={topo.rdzv_endpoint or '127.0.0.1:29400'}", f"--rdzv-id={cfg.name}"]
+    return command + ["-m", "bidirl.runtime.main", cfg_path, *overrides]
+
+
+def check_plan(cfg: PipelineConfig) -> None:
+    """An impossible partition fails here, in one line, before any process starts."""
+    from bidirl.sched.policies import build_policy, partition
+
+    try:
+        partition(build_policy(cfg.launch.mode), cfg.cluster.devices, cfg.cluster.rollout_devices)
+    except ValueError as exc:
+        raise BidirlError(str(exc)) from None
+
+
+def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology) -> int:
+    from bidirl.models.sources import prepare_model
+    from bidirl.runtime_env import prepare_process
+    from bidirl.ui import say
+
+    check_plan(cfg)
+    prepare_process(cfg.cluster.device_type)
+    model = prepare_model(cfg, report=say)
+    env = {**os.environ, "BIDIRL_MODEL_PATH": model.path}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    command = torchrun_command(cfg_path, overrides, cfg, topo)
+    say("launching: " + " ".join(command[1:]))
+    return subprocess.call(command, env=env)

@@ -1,0 +1,78 @@
+"""Entry point of every torchrun rank: ``python -m bidirl.runtime.main <pipeline.yaml> [key=value ...]``.
+
+Rank 0 is the controller (no engines, no process groups); ranks 1..N are device workers 0..N-1.
+``bidirl launch`` builds the torchrun command; run this module directly only under torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list) -> int:
+    from bidirl.errors import BidirlError
+
+    try:
+        return _run(argv)
+    except BidirlError as exc:
+        print(f"error (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _run(argv: list) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from bidirl.config import load_config
+    from bidirl.errors import BidirlError
+    from bidirl.runtime.mailbox import Mailbox
+    from bidirl.runtime_env import prepare_process
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    cfg = load_config(argv[0], argv[1:])
+    prepare_process(cfg.cluster.device_type)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    devices = world - 1
+    if devices != cfg.cluster.devices:
+        raise BidirlError(f"cluster.devices={cfg.cluster.devices} but torchrun started {devices} device ranks "
+                          f"(+1 controller); pass --nproc-per-node accordingly")
+    model_path = os.environ["BIDIRL_MODEL_PATH"]
+    store, _, _ = next(dist.rendezvous("env://"))
+    store = dist.PrefixStore("bidirl", store)
+    store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
+    mailbox = Mailbox(store)
+    if rank == 0:
+        return _control(cfg, mailbox, devices, model_path)
+    from bidirl.runtime.worker import Worker
+
+    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store).run()
+    return 0
+
+
+def _control(cfg, mailbox, devices: int, model_path: str) -> int:
+    from transformers import AutoTokenizer
+
+    from bidirl.rundir import RunDir
+    from bidirl.runtime.controller import Controller
+    from bidirl.ui import say
+
+    run = RunDir(cfg)
+    say(f"run directory: {run.path}")
+    try:
+        summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path)).run_all()
+    except BaseException:
+        run.finish({"status": "failed"})
+        raise
+    run.finish(summary)
+    return 0
+
+
+def _timedelta(seconds: float):
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

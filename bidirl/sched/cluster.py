@@ -1,0 +1,192 @@
+"""Shared bookkeeping of a cluster run: device states, prompt groups in flight, batches, versions.
+
+Both drivers apply the same actions and completions to a :class:`Cluster`, so the trace, the staleness
+accounting and the invariants are the same whether the work was real or simulated.
+
+Batches and staleness. Prompt groups get sequence numbers in the order they are admitted; batch ``k``
+is groups ``[k*B, (k+1)*B)`` (chunks never straddle a batch boundary) and is trained from version ``k``,
+producing version ``k+1``. A chunk started with weights of version ``v`` is admitted only if
+``admitted + n <= (v + eta + 1) * B``, so every group of it lands in a batch ``k <= v + eta``:
+**staleness k - v never exceeds eta**, and eta = 0 is on-policy.
+
+Invariants (asserted here and by tests):
+  * a device has one role and one state at a time; transitions follow ``roles.LEGAL_TRANSITIONS``;
+  * staleness never exceeds eta; every admitted group is trained exactly once (none lost or repeated);
+  * only the primary trainer creates versions; a sync brings devices to the newest version;
+  * one train step at a time, and a batch is trained only when all its groups are done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from bidirl.sched import events as ev
+from bidirl.sched.roles import Device, DeviceState, Role
+
+S = DeviceState
+
+
+@dataclass
+class Chunk:
+    index: int
+    device: int
+    first: int  # sequence number of its first group
+    groups: int
+    version: int
+    done: bool = False
+
+
+class Cluster:
+    def __init__(self, homes: Sequence[Role], batch_groups: int, eta: int, steps: int, chunk_groups: int,
+                 primary: Optional[int] = None):
+        if Role.TRAIN not in homes:
+            raise ValueError("the partition needs at least one device in the train pool")
+        self.devices = [Device(i, home) for i, home in enumerate(homes)]
+        self.primary = primary if primary is not None else list(homes).index(Role.TRAIN)
+        self.B, self.eta, self.steps, self.chunk_groups = batch_groups, eta, steps, chunk_groups
+        self.version = 0  # newest version, held by the primary trainer
+        self.admitted = 0
+        self.chunks: List[Chunk] = []
+        self.training: Optional[ev.Train] = None
+        self.syncing: Optional[int] = None  # version being synced
+        self.trace: List[dict] = []
+        self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
+        self.trained_groups = 0
+        self.now = 0.0
+
+    # ---- queries the policies use ------------------------------------------------------------
+    def idle(self, role: Role) -> List[Device]:
+        return [d for d in self.devices if d.idle and d.role is role]
+
+    def pool(self, home: Role) -> List[Device]:
+        return [d for d in self.devices if d.home is home]
+
+    @property
+    def finished(self) -> bool:
+        """The last version exists and every device is idle at home (every lease has ended)."""
+        return (self.version >= self.steps and self.training is None and self.syncing is None
+                and all(d.idle and not d.lent and not d.after_work for d in self.devices))
+
+    def next_chunk_size(self) -> int:
+        room = self.B - self.admitted % self.B  # never straddle a batch boundary
+        return min(self.chunk_groups, room, self.steps * self.B - self.admitted)
+
+    def can_admit(self, device: Device, groups: int) -> bool:
+        return groups > 0 and self.admitted + groups <= min((device.version + self.eta + 1) * self.B,
+                                                            self.steps * self.B)
+
+    def batch_chunks(self, k: int) -> List[Chunk]:
+        return [c for c in self.chunks if k * self.B <= c.first < (k + 1) * self.B]
+
+    def batch_ready(self) -> bool:
+        k = self.version
+        chunks = self.batch_chunks(k)
+        return (k < self.steps and self.training is None and sum(c.groups for c in chunks) == self.B
+                and all(c.done for c in chunks))
+
+    def stale_devices(self) -> List[Device]:
+        return [d for d in self.devices if d.version < self.version]
+
+    # ---- applying actions --------------------------------------------------------------------
+    def apply(self, action: ev.Action) -> Optional[Chunk]:
+        if isinstance(action, ev.Generate):
+            return self._start_chunk(self.devices[action.device], action.groups)
+        if isinstance(action, ev.Train):
+            self._start_train(action)
+        elif isinstance(action, ev.Sync):
+            self._start_sync(action)
+        elif isinstance(action, ev.Switch):
+            self._start_switch(self.devices[action.device], action)
+        else:
+            raise TypeError(f"unknown action {action!r}")
+        return None
+
+    def _start_chunk(self, device: Device, groups: int) -> Chunk:
+        assert self.can_admit(device, groups), f"admission would exceed eta={self.eta} on device {device.index}"
+        assert self.admitted // self.B == (self.admitted + groups - 1) // self.B, "chunk straddles a batch"
+        chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
+        self.chunks.append(chunk)
+        self.admitted += groups
+        device.transition(S.GENERATING, self.now,
+                          f"chunk {chunk.index}: groups {chunk.first}-{chunk.first + groups - 1} at v{device.version}",
+                          self._log)
+        return chunk
+
+    def _start_train(self, action: ev.Train) -> None:
+        assert self.batch_ready(), "a batch is trained only when all its groups are done"
+        assert self.primary in action.devices, "the primary trainer always takes part: it owns the optimizer"
+        self.training = action
+        for index in action.devices:
+            device = self.devices[index]
+            assert device.version == self.version, f"device {index} would compute gradients on stale weights"
+            device.transition(S.TRAINING, self.now, f"batch {self.version}", self._log)
+
+    def _start_sync(self, action: ev.Sync) -> None:
+        self.syncing = self.version
+        for index in action.devices:
+            device = self.devices[index]
+            if device.idle:
+                device.transition(S.SYNCING, self.now, f"weights v{self.version}", self._log)
+            else:
+                device.after_work.append("sync")
+
+    def _start_switch(self, device: Device, action: ev.Switch) -> None:
+        assert device.role is not action.role, f"device {device.index} already serves {action.role.value}"
+        assert not device.after_work, f"device {device.index} has queued work; switch it after that"
+        if device.idle:
+            device.transition(S.SWITCHING, self.now, action.reason or f"to {action.role.value}", self._log)
+        else:
+            device.transition(S.DRAINING, self.now, action.reason or f"to {action.role.value}", self._log)
+            device.after_work.append("switch")
+
+    # ---- completions -------------------------------------------------------------------------
+    def complete(self, event: ev.Event) -> None:
+        if isinstance(event, ev.ChunkDone):
+            chunk = self.chunks[event.chunk]
+            chunk.done = True
+            self._work_finished(self.devices[event.device], f"chunk {chunk.index} done")
+        elif isinstance(event, ev.TrainDone):
+            self._finish_train(event)
+        elif isinstance(event, ev.SyncDone):
+            for device in self.devices:
+                if device.state is S.SYNCING:
+                    device.version = event.version
+                    device.transition(S.IDLE, self.now, f"synced v{event.version}", self._log)
+            self.syncing = None
+        elif isinstance(event, ev.SwitchDone):
+            device = self.devices[event.device]
+            assert device.role is event.role
+            self._next_queued(device, f"serves {event.role.value}")
+
+    def _finish_train(self, event: ev.TrainDone) -> None:
+        k = self.version
+        assert event.version == k + 1, "versions advance by one per optimizer step"
+        for chunk in self.batch_chunks(k):
+            assert 0 <= k - chunk.version <= self.eta, f"staleness {k - chunk.version} exceeds eta={self.eta}"
+            self.staleness[k - chunk.version] += chunk.groups
+            self.trained_groups += chunk.groups
+        self.version = event.version
+        self.devices[self.primary].version = event.version
+        trainers, self.training = self.training.devices, None
+        for index in trainers:
+            self._work_finished(self.devices[index], f"step -> v{event.version}")
+
+    def _work_finished(self, device: Device, reason: str) -> None:
+        if device.state is S.DRAINING:  # the switch was queued first (switches need an empty queue)
+            device.after_work.remove("switch")
+            device.transition(S.SWITCHING, self.now, reason, self._log)
+        else:
+            self._next_queued(device, reason)
+
+    def _next_queued(self, device: Device, reason: str) -> None:
+        """The device finished something: start what was queued behind it, in order, else go idle."""
+        if device.after_work and device.after_work[0] == "sync":
+            device.after_work.pop(0)
+            device.transition(S.SYNCING, self.now, reason, self._log)
+        else:
+            device.transition(S.IDLE, self.now, reason, self._log)
+
+    def _log(self, record: dict) -> None:
+        self.trace.append(record)

@@ -1,0 +1,82 @@
+"""The policy interface: events in, actions out (pure Python, shared by the runtime and the simulator).
+
+Drivers (``bidirl.runtime.controller`` live, the simulator offline) own the clock and the physical work.
+On every event they update the shared :class:`~bidirl.sched.cluster.Cluster` bookkeeping, ask the policy
+for actions, apply the actions to the bookkeeping, then carry them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Tuple
+
+from bidirl.sched.roles import Role
+
+# ---- events (driver -> policy) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started:
+    pass
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    device: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class TrainDone:
+    version: int  # the new policy version
+    stats: Dict[str, float] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class SyncDone:
+    version: int
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SwitchDone:
+    device: int
+    role: Role
+    breakdown: Dict[str, float] = field(default_factory=dict, compare=False)
+
+
+Event = object  # any of the above
+
+# ---- actions (policy -> driver) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Generate ``groups`` prompt groups on ``device`` with the weights it holds (admission checked)."""
+
+    device: int
+    groups: int
+
+
+@dataclass(frozen=True)
+class Train:
+    """One optimizer step on the next batch; ``devices`` share the gradient work, the primary steps."""
+
+    devices: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sync:
+    """Send the newest weights from the primary trainer to ``devices`` (a collective over them)."""
+
+    devices: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Switch:
+    device: int
+    role: Role
+    reason: str = ""
+
+
+Action = object

@@ -1,0 +1,1 @@
+"""Discrete-event simulation of RL clusters, driving the same policies as the live runtime."""

@@ -1,0 +1,132 @@
+"""The hot-switch runtime for real: torchrun processes, gloo groups, two devices plus a controller."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bidirl.sched.trace import switch_overheads
+
+BIDIRL = [str(Path(sys.executable).with_name("bidirl"))]
+SMALL = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=128", "model.tiny.sft_steps=2",
+         "model.tiny.sft_batch_size=8", "model.tiny.sft_examples=32", "data.eval_size=8",
+         "logging.wandb_mode=disabled", "logging.progress=false", "rollout.engine=hf", "train.lr=1e-3",
+         "train.prompts_per_step=8", "launch.chunk_groups=4", "train.steps=4", "logging.eval_every=2"]
+
+
+def launch(root: Path, *overrides, topology=()):
+    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache",
+            *SMALL, *overrides, *topology]
+    return subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600)
+
+
+def run_dir(root: Path) -> Path:
+    (path,) = (root / "runs").iterdir()
+    return path
+
+
+def read_jsonl(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("async")
+    result = launch(root, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir(root)
+
+
+@pytest.fixture(scope="module")
+def lend_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lend")
+    result = launch(root, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir(root)
+
+
+def test_async_staleness_bound_holds_in_the_trace(async_run):
+    trace = read_jsonl(async_run / "trace.jsonl")
+    batch = 8
+    chunks = [re.match(r"chunk \d+: groups (\d+)-(\d+) at v(\d+)", r["reason"]) for r in trace if r["to"] == "generating"]
+    assert chunks and all(chunks)
+    for match in chunks:
+        first, last, version = map(int, match.groups())
+        assert first // batch == last // batch  # a chunk never straddles two batches
+        assert 0 <= first // batch - version <= 1  # trained at most one version after it was generated
+    summary = json.loads((async_run / "summary.json").read_text())
+    assert summary["steps"] == 4 and set(summary["staleness_histogram"]) <= {"0", "1"}
+    assert sum(summary["staleness_histogram"].values()) == 4 * batch  # every group trained once
+
+
+def test_async_overlaps_generation_and_training_on_separate_devices(async_run):
+    trace = read_jsonl(async_run / "trace.jsonl")
+    assert {r["device"] for r in trace if r["to"] == "generating"} == {0}
+    assert {r["device"] for r in trace if r["to"] == "training"} == {1}
+    assert sum(r["to"] == "syncing" for r in trace) == 2 * 3  # both devices, after every step but the last
+
+
+def test_every_run_writes_config_metrics_trace_gantt_and_summary(async_run):
+    for name in ("config.yaml", "metrics.jsonl", "trace.jsonl", "gantt.png", "learning_curve.png", "summary.md"):
+        assert (async_run / name).stat().st_size > 0, name
+    steps = [r for r in read_jsonl(async_run / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for key in ("samples_per_s", "tokens_per_s", "staleness_mean", "sync_s", "train_s", "rollout_s"):
+        assert key in steps[-1], key
+    summary = json.loads((async_run / "summary.json").read_text())
+    assert set(summary["idle_ratio"]) == {"rollout", "train"}
+    assert [point["step"] for point in summary["curve"]] == [0, 2, 4]
+    assert (async_run / "checkpoint" / "config.json").is_file()
+
+
+def test_weight_sync_makes_rollout_logprobs_match_the_trainer(lend_run):
+    # eta=0: every sample comes from the weights being trained, so any gap is a sync error
+    steps = [r for r in read_jsonl(lend_run / "metrics.jsonl") if "reward_mean" in r]
+    assert len(steps) == 4 and all(r["staleness_max"] == 0 for r in steps)
+    assert max(r["fresh_logp_gap"] for r in steps) < 1e-4, [r["fresh_logp_gap"] for r in steps]
+
+
+def test_switch_round_trip_keeps_versions_consistent_and_generation_working(lend_run):
+    trace = read_jsonl(lend_run / "trace.jsonl")
+    summary = json.loads((lend_run / "summary.json").read_text())
+    rounds = switch_overheads(trace)
+    assert any(s["to"] == "train" for s in rounds) and any(s["to"] == "rollout" for s in rounds)
+    assert summary["switches"]["count"] == len([r for r in trace if r["to"] == "switching"])
+    newest = 0
+    for record in trace:
+        if record["to"] == "training" and record["device"] == 0:
+            assert record["role"] == "train" and record["home"] == "rollout"  # lent, and computing gradients
+        if record["reason"].startswith("step -> v"):
+            newest = int(record["reason"].split("v")[-1])
+        if record["to"] == "generating" and record["device"] == 0:
+            assert record["version"] == newest  # back home, it generates with the newest weights
+    assert trace[-1]["role"] == trace[-1]["home"]  # every lease ended
+    assert summary["steps"] == 4
+
+
+def test_two_torchrun_agents_on_loopback_complete_a_run(tmp_path):
+    port = 29000 + int(time.time() * 1000) % 1000
+    common = ["cluster.devices=2", "launch.mode=async", "train.steps=2", "logging.eval_every=0"]
+    first = subprocess.Popen(
+        BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+                  *SMALL, *common, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2",
+                  "--rdzv-endpoint", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = launch(tmp_path, *common, topology=["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+                                                 "--rdzv-endpoint", f"127.0.0.1:{port}"])
+    _, first_err = first.communicate(timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert first.returncode == 0, first_err[-3000:]
+    summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["steps"] == 2 and summary["devices"] == 2
+
+
+def test_an_impossible_partition_is_one_line_before_any_process_starts(tmp_path):
+    result = launch(tmp_path, "cluster.devices=1", "launch.mode=async")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: launch.mode=async needs 1..0 rollout devices")
+    assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()

@@ -1,0 +1,108 @@
+"""The scheduling core as pure Python: state machine, bookkeeping invariants, policies under simulation."""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from bidirl.sched import events as ev
+from bidirl.sched.cluster import Cluster
+from bidirl.sched.policies import build_policy
+from bidirl.sched.roles import LEGAL_TRANSITIONS, Device, DeviceState, IllegalTransition, Role
+from bidirl.sched.trace import intervals, pool_idle_ratio, switch_overheads
+from bidirl.sim.simulator import FixedCosts, Simulator
+
+S = DeviceState
+
+
+def simulate(policy_name, devices=2, rollout_devices=1, eta=1, steps=6, batch=8, chunk=4, costs=None):
+    policy = build_policy(policy_name)
+    cluster = Cluster(policy.homes(devices, rollout_devices), batch, eta, steps, chunk)
+    Simulator(cluster, policy, costs or FixedCosts(generate_per_group=0.1, train_step=1.6)).run()
+    return cluster
+
+
+@pytest.mark.parametrize("old,new", list(itertools.product(DeviceState, DeviceState)))
+def test_transition_table_is_enforced(old, new):
+    role = Role.TRAIN if new is S.TRAINING else Role.ROLLOUT
+    if old is S.SWITCHING:
+        role = role.other()  # entering SWITCHING flipped the role; put it back so only the table decides
+    device = Device(0, role, state=old)
+    if new in LEGAL_TRANSITIONS[old]:
+        device.transition(new, 0.0, "test")
+        assert device.state is new
+    else:
+        with pytest.raises(IllegalTransition):
+            device.transition(new, 0.0, "test")
+
+
+def test_a_device_generates_only_while_serving_rollout():
+    with pytest.raises(IllegalTransition, match="while serving train"):
+        Device(0, Role.TRAIN).transition(S.GENERATING, 0.0, "test")
+
+
+def test_switching_flips_the_served_role_and_traces_it():
+    trace = []
+    device = Device(3, Role.ROLLOUT)
+    device.transition(S.SWITCHING, 1.0, "lend", trace.append)
+    assert device.role is Role.TRAIN and device.lent
+    assert trace == [{"t": 1.0, "device": 3, "from": "idle", "to": "switching", "role": "train",
+                      "home": "rollout", "version": 0, "reason": "lend"}]
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2])
+def test_async_staleness_never_exceeds_eta_and_every_group_is_trained_once(eta):
+    cluster = simulate("async", eta=eta, steps=8)
+    assert max(cluster.staleness) <= eta
+    assert cluster.trained_groups == cluster.admitted == 8 * 8
+    assert sorted(c.first for c in cluster.chunks) == list(range(0, 64, 4))  # no group lost or repeated
+
+
+def test_admission_blocks_work_that_would_exceed_the_staleness_bound():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0, steps=4, chunk_groups=8)
+    rollout = cluster.devices[0]
+    cluster.apply(ev.Generate(0, 8))
+    cluster.complete(ev.ChunkDone(0, 0))
+    assert not cluster.can_admit(rollout, 8)  # batch 1 at version 0 would be stale by 1
+    with pytest.raises(AssertionError, match="exceed eta"):
+        cluster.apply(ev.Generate(0, 8))
+
+
+def test_sync_policy_is_on_policy_and_switches_every_device_twice_per_step():
+    cluster = simulate("sync", devices=2, eta=0, steps=3)
+    assert set(cluster.staleness) == {0}
+    switches = [r for r in cluster.trace if r["to"] == "switching"]
+    assert len(switches) == 2 * 2 * 3  # per step and device: into rollout, then into training
+
+
+def test_async_overlaps_generation_with_training():
+    sync, asynchronous = simulate("sync", eta=0, steps=6), simulate("async", eta=1, steps=6)
+    training = [i for i in intervals(asynchronous.trace, asynchronous.now) if i[1] == "training"]
+    generating = [i for i in intervals(asynchronous.trace, asynchronous.now) if i[1] == "generating"]
+    assert any(g[3] < t[4] and t[3] < g[4] for g in generating for t in training)
+    assert pool_idle_ratio(asynchronous.trace, asynchronous.now, {0: "rollout", 1: "train"})["train"] < 0.2
+    assert sync.version == asynchronous.version == 6
+
+
+def test_borrowed_rollout_device_returns_home_before_its_pool_needs_it():
+    cluster = simulate("async-lend", eta=0, steps=6)
+    lent = [r for r in cluster.trace if r["to"] == "switching" and r["role"] == "train"]
+    returned = [r for r in cluster.trace if r["to"] == "switching" and r["role"] == "rollout"]
+    assert lent and len(returned) == len(lent)  # every lease ends
+    for chunk in cluster.chunks:  # and the device always generated while serving rollout
+        starts = [r for r in cluster.trace if r["reason"].startswith(f"chunk {chunk.index}:")]
+        assert starts[0]["role"] == "rollout"
+    assert all(s["first_work_s"] >= 0 for s in switch_overheads(cluster.trace))
+
+
+def test_lending_an_idle_rollout_device_shortens_a_training_bound_run():
+    plain, lending = simulate("async", eta=0, steps=6), simulate("async-lend", eta=0, steps=6)
+    assert lending.now < plain.now
+    assert set(lending.staleness) == {0}
+
+
+def test_the_scheduling_core_never_imports_torch():
+    code = ("import sys, bidirl.sched.policies, bidirl.sched.trace, bidirl.sim.simulator; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
