@@ -123,6 +123,22 @@ class LoggingConfig:
 
 
 @dataclass
+class SimConfig:
+    """The simulated cluster (``bidirl simulate``); sizes come from cluster/train/rollout/algorithm."""
+
+    hardware: str = "H100"  # H100 | H200 | H20 | A100
+    model: str = "7B"  # 7B | 8B | 14B | 32B
+    workload: str = "gsm8k"  # gsm8k | math | reasoning
+    policies: List[str] = field(default_factory=lambda: ["verl", "areal", "roll", "streamrl", "verl-dynamic", "bidirl"])
+    switch_s: float = 0.5  # one hot role switch (RLinf: "within 1 s")
+    reshard_s: float = 1.2  # veRL colocated train -> generation reshard per step (7B, 8xH100)
+    rollout_efficiency: float = 2.57  # RL rollout vs serving-benchmark decode speed; fitted on case A
+    mfu: float = 0.33
+    with_reference: bool = False  # a KL reference model adds a 2N forward per token
+    gantt: bool = True
+
+
+@dataclass
 class PipelineConfig:
     name: str = "pipeline"
     stages: List[str] = field(default_factory=lambda: ["prepare_model", "evaluate"])
@@ -136,6 +152,7 @@ class PipelineConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:
@@ -230,13 +247,16 @@ def _join(parent: str, leaf: str) -> str:
 _CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "data.source": ("reasoning_gym", "gsm8k"),
-    "data.prompt_style": ("plain", "chat"),
+    "data.prompt_style": ("plain", "compact", "chat"),
     "rollout.engine": ("hf", "vllm"),
     "train.engine": ("torch", "deepspeed"),
     "algorithm.name": ("grpo",),
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
-    "launch.mode": ("sync", "async", "async-lend"),
+    "sim.hardware": ("H100", "H200", "H20", "A100"),
+    "sim.model": ("7B", "8B", "14B", "32B"),
+    "sim.workload": ("gsm8k", "math", "reasoning"),
+    "launch.mode": ("sync", "verl", "async", "areal", "async-lend", "roll"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 

@@ -74,7 +74,7 @@ def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     from bidirl.runtime.local import train_in_process
 
-    if cfg.launch.mode != "sync":
+    if cfg.launch.mode not in ("sync", "verl"):
         raise BidirlError(f"launch.mode={cfg.launch.mode} needs a rollout pool and a train pool: "
                           "use `bidirl launch` with cluster.devices >= 2")
     if "model" not in state:

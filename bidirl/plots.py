@@ -86,3 +86,21 @@ def plot_gantt(trace: List[dict], end: float, out: Path, title: str = "") -> Pat
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def plot_bars(labels: List[str], values: List[float], out: Path, ylabel: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 4))
+    bars = ax.bar(labels, values, color="#2b83ba")
+    for bar, value in zip(bars, values):
+        ax.annotate(f"{value / values[0]:.2f}x", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -108,6 +108,32 @@ def launch(
     _guard(action, debug)
 
 
+@app.command()
+def simulate(
+    pipeline: Path = PIPELINE,
+    overrides: Optional[List[str]] = OVERRIDES,
+    policies: Optional[str] = typer.Option(None, "--policies", help="Comma-separated policies (default: sim.policies)."),
+    debug: bool = DEBUG,
+) -> None:
+    """Simulate the configured cluster under each scheduling policy: table, Gantt charts, throughput chart."""
+
+    def action() -> None:
+        from bidirl.rundir import RunDir
+        from bidirl.sim.report import simulate_policies
+
+        cfg = _config(pipeline, overrides)
+        names = [p.strip() for p in policies.split(",")] if policies else list(cfg.sim.policies)
+        run = RunDir(cfg)
+        try:
+            results = simulate_policies(cfg, names, run.path)
+        except BaseException:
+            run.finish({"status": "failed"})
+            raise
+        run.finish({"status": "ok", "results": [r.row() for r in results]})
+
+    _guard(action, debug)
+
+
 def _not_built(name: str, what: str) -> Callable[..., None]:
     def fail() -> None:
         raise NotBuiltYet(f"'bidirl {name}' ({what}) is not built yet")
@@ -123,7 +149,6 @@ for _name, _what in [
     ("profile", "profile engines to fit time-performance models"),
     ("plan", "choose the rollout/train partition from the performance models"),
     ("compare", "compare bidirl with veRL, AReaL and ROLL baselines"),
-    ("simulate", "simulate a cluster with the scheduling policies"),
 ]:
     app.command(_name)(_not_built(_name, _what))
 

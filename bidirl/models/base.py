@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.data import load_problems, load_reasoning_gym
+from bidirl.errors import BidirlError
 from bidirl.evaluate import greedy_accuracy
 from bidirl.models.sources import TINY_RECIPE_VERSION, PreparedModel, cache_key, cached_entry, write_entry
 from bidirl.models.sft import supervised_finetune
@@ -58,7 +59,9 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
     data = cfg.data
     train = load_reasoning_gym(data.task, data.task_config, data.seed, "train", cfg.model.tiny.sft_examples)
     held_out = load_problems(data, "test")
-    prompt = lambda p: format_prompt(p, "plain")  # noqa: E731 - the tiny model only speaks the plain form
+    if data.prompt_style == "chat":
+        raise BidirlError("the tiny model has no chat template: use data.prompt_style=plain or compact")
+    prompt = lambda p: format_prompt(p, data.prompt_style)  # noqa: E731 - the form it will be prompted with
     with progress_bar("SFT tiny base model", cfg.model.tiny.sft_steps, cfg.logging.progress) as advance:
         losses = supervised_finetune(
             model, tokenizer, train, prompt, target_completion, cfg.model.tiny, cfg.seed,

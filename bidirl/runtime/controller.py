@@ -44,7 +44,7 @@ class Controller:
         self.cfg, self.devices, self.tokenizer, self.run = cfg, devices, tokenizer, run
         self.policy = build_policy(cfg.launch.mode)
         homes = partition(self.policy, devices, cfg.cluster.rollout_devices)
-        eta = 0 if cfg.launch.mode == "sync" else cfg.algorithm.staleness
+        eta = 0 if self.policy.synchronous else cfg.algorithm.staleness
         self.cluster = Cluster(homes, cfg.train.prompts_per_step, eta, cfg.train.steps, cfg.launch.chunk_groups)
         self.mailbox = mailbox
         self.mailbox.publish("plan", {"primary": self.cluster.primary, "roles": [h.value for h in homes],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from bidirl.sched import events as ev
 from bidirl.sched.roles import Device, DeviceState, Role
@@ -49,6 +49,7 @@ class Cluster:
         self.version = 0  # newest version, held by the primary trainer
         self.admitted = 0
         self.chunks: List[Chunk] = []
+        self.by_batch: Dict[int, List[Chunk]] = {}
         self.training: Optional[ev.Train] = None
         self.syncing: Optional[int] = None  # version being synced
         self.trace: List[dict] = []
@@ -69,16 +70,17 @@ class Cluster:
         return (self.version >= self.steps and self.training is None and self.syncing is None
                 and all(d.idle and not d.lent and not d.after_work for d in self.devices))
 
-    def next_chunk_size(self) -> int:
-        room = self.B - self.admitted % self.B  # never straddle a batch boundary
-        return min(self.chunk_groups, room, self.steps * self.B - self.admitted)
+    def next_chunk_size(self, limit: int = 0) -> int:
+        """Groups of the next chunk: at most ``limit`` (default ``chunk_groups``), never straddling a batch."""
+        room = self.B - self.admitted % self.B
+        return min(limit or self.chunk_groups, room, self.steps * self.B - self.admitted)
 
     def can_admit(self, device: Device, groups: int) -> bool:
         return groups > 0 and self.admitted + groups <= min((device.version + self.eta + 1) * self.B,
                                                             self.steps * self.B)
 
     def batch_chunks(self, k: int) -> List[Chunk]:
-        return [c for c in self.chunks if k * self.B <= c.first < (k + 1) * self.B]
+        return self.by_batch.get(k, [])
 
     def batch_ready(self) -> bool:
         k = self.version
@@ -108,6 +110,7 @@ class Cluster:
         assert self.admitted // self.B == (self.admitted + groups - 1) // self.B, "chunk straddles a batch"
         chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
         self.chunks.append(chunk)
+        self.by_batch.setdefault(chunk.first // self.B, []).append(chunk)
         self.admitted += groups
         device.transition(S.GENERATING, self.now,
                           f"chunk {chunk.index}: groups {chunk.first}-{chunk.first + groups - 1} at v{device.version}",

@@ -29,6 +29,7 @@ from bidirl.sched.roles import DeviceState, Role
 
 class Policy:
     name = "base"
+    synchronous = False
 
     def homes(self, devices: int, rollout_devices: int) -> List[Role]:
         """The home pool of each device (the partition this policy starts from)."""
@@ -36,6 +37,10 @@ class Policy:
             raise ValueError(f"launch.mode={self.name} needs 1..{devices - 1} rollout devices "
                              f"of cluster.devices={devices}, got {rollout_devices}")
         return [Role.ROLLOUT] * rollout_devices + [Role.TRAIN] * (devices - rollout_devices)
+
+    def default_rollout_devices(self, devices: int) -> int:
+        """The split used when none is given: half (a hand-picked static split)."""
+        return max(1, devices // 2)
 
     def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
         raise NotImplementedError
@@ -46,11 +51,12 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
     actions.append(action)
 
 
-def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action]) -> None:
-    """Admit one chunk on each idle rollout-serving device, while the staleness bound allows."""
+def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action], chunk: int = 0) -> None:
+    """Admit one chunk (at most ``chunk`` groups, default the cluster's) on each idle rollout-serving
+    device, while the staleness bound allows."""
     for device in devices:
         if device.idle and device.role is Role.ROLLOUT and not device.after_work:
-            groups = cluster.next_chunk_size()
+            groups = cluster.next_chunk_size(chunk)
             if cluster.can_admit(device, groups):
                 issue(cluster, actions, ev.Generate(device.index, groups))
 
@@ -61,6 +67,7 @@ def admission_blocked(cluster: Cluster, device) -> bool:
 
 class SyncPolicy(Policy):
     name = "sync"
+    synchronous = True  # on-policy by construction: eta is 0 whatever the config says
 
     def homes(self, devices: int, rollout_devices: int) -> List[Role]:
         return [Role.TRAIN] * devices  # colocated: every device trains, and is lent to rollout each step
@@ -103,8 +110,11 @@ class AsyncPolicy(Policy):
         trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
         if cluster.batch_ready() and cluster.syncing is None and self.ready_to_train(cluster, trainers):
             issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))
-        fill_rollout(cluster, cluster.devices, actions)
+        self.fill(cluster, actions)
         return actions
+
+    def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        fill_rollout(cluster, cluster.devices, actions)
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Hook for lending policies: runs after the sync decision, before the train decision."""
@@ -130,19 +140,39 @@ class AsyncLendPolicy(AsyncPolicy):
                     issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked, batch ready"))
 
 
-POLICIES: Dict[str, Callable[[], Policy]] = {
-    SyncPolicy.name: SyncPolicy,
-    AsyncPolicy.name: AsyncPolicy,
-    AsyncLendPolicy.name: AsyncLendPolicy,
-}
+def _registry() -> Dict[str, Callable[..., Policy]]:
+    from bidirl.sched import borrowing as b
+
+    return {
+        "sync": SyncPolicy, "verl": SyncPolicy,  # colocated synchronous (veRL hybrid engine)
+        "async": AsyncPolicy, "areal": AsyncPolicy,  # fixed partition, staleness-bounded (AReaL)
+        "async-lend": AsyncLendPolicy,
+        "roll": b.RollPolicy,
+        "streamrl": lambda estimates, batch_groups: b.StreamRLPolicy(estimates, batch_groups),
+        "verl-dynamic": lambda estimates, batch_groups: b.VerlDynamicPolicy(estimates),
+        "bidirl": lambda estimates, batch_groups: b.BidirlPolicy(estimates, batch_groups),
+    }
+
+
+NEEDS_ESTIMATES = ("streamrl", "verl-dynamic", "bidirl")
+POLICY_NAMES = ("sync", "verl", "async", "areal", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl")
 
 
 def partition(policy: Policy, devices: int, rollout_devices: int = 0) -> List[Role]:
-    """Home pools for ``devices``; ``rollout_devices=0`` means half (until the planner chooses)."""
-    return policy.homes(devices, rollout_devices or max(1, devices // 2))
+    """Home pools for ``devices``; ``rollout_devices=0`` means the policy's default split."""
+    return policy.homes(devices, rollout_devices or policy.default_rollout_devices(devices))
 
 
-def build_policy(name: str) -> Policy:
-    if name not in POLICIES:
-        raise ValueError(f"unknown scheduling policy '{name}' (known: {', '.join(sorted(POLICIES))})")
-    return POLICIES[name]()
+def build_policy(name: str, estimates=None, batch_groups: int = 0) -> Policy:
+    """A policy by name; cost-aware ones need performance estimates (the simulator's or measured)."""
+    registry = _registry()
+    if name not in registry:
+        raise ValueError(f"unknown scheduling policy '{name}' (known: {', '.join(POLICY_NAMES)})")
+    if name in NEEDS_ESTIMATES:
+        if estimates is None:
+            raise ValueError(f"policy '{name}' needs performance estimates (run it under `bidirl simulate`)")
+        policy = registry[name](estimates, batch_groups)
+    else:
+        policy = registry[name]()
+    policy.name = name
+    return policy

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any, List, Protocol, Tuple
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster
+from bidirl.sched.cluster import Chunk, Cluster
 from bidirl.sched.roles import DeviceState
 
 
 class CostModel(Protocol):
-    def generate(self, device: int, groups: int, version: int) -> float: ...
+    def generate(self, chunk: Chunk) -> float: ...
 
-    def train(self, devices: Tuple[int, ...], step: int) -> float: ...
+    def train(self, devices: Tuple[int, ...], batch: List[Chunk]) -> float: ...
 
     def sync(self, devices: Tuple[int, ...]) -> float: ...
 
@@ -42,10 +42,10 @@ class FixedCosts:
     sync_s: float = 0.1
     switch_s: float = 0.01
 
-    def generate(self, device: int, groups: int, version: int) -> float:
-        return self.generate_per_group * groups
+    def generate(self, chunk: Chunk) -> float:
+        return self.generate_per_group * chunk.groups
 
-    def train(self, devices: Tuple[int, ...], step: int) -> float:
+    def train(self, devices: Tuple[int, ...], batch: List[Chunk]) -> float:
         return self.train_step / len(devices)
 
     def sync(self, devices: Tuple[int, ...]) -> float:
@@ -87,10 +87,10 @@ class Simulator:
         cluster = self.cluster
         if isinstance(action, ev.Generate):
             chunk = next(c for c in reversed(cluster.chunks) if c.device == action.device and not c.done)
-            self.push(now + self.costs.generate(action.device, action.groups, chunk.version),
-                      ev.ChunkDone(action.device, chunk.index))
+            self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
         elif isinstance(action, ev.Train):
-            self.push(now + self.costs.train(action.devices, cluster.version), ev.TrainDone(cluster.version + 1))
+            self.push(now + self.costs.train(action.devices, cluster.batch_chunks(cluster.version)),
+                      ev.TrainDone(cluster.version + 1))
         elif isinstance(action, ev.Sync):
             self.sync_devices = action.devices
             self.sync_scheduled = False

@@ -1,0 +1,144 @@
+"""Policies that lend devices across pools at run time, and the static baselines they are compared with.
+
+All of them start from a fixed partition (rollout pool + train pool, the primary trainer owns the
+optimizer) and run asynchronously under the staleness bound eta, like ``async`` (AReaL). They differ in
+what an idle device may do:
+
+* ``roll``          ROLL-style: generation runs up to eta steps ahead (``async_generation_ratio``) on a
+                    fixed device mapping, one batch-share per rollout device per step (no finer
+                    interruption); no lending.
+* ``streamrl``      StreamRL-style: stream generation in small chunks, and the split chosen from the
+                    profile so that rollout and training stage times balance; no run-time lending
+                    (the paper's run-time rollout scaling is not modelled).
+* ``verl-dynamic``  veRL dynamic scheduling (PR #6556), one direction: idle trainer devices host rollout
+                    while the next batch is not ready, if the expected wait beats two switch costs;
+                    rollout devices never train.
+* ``bidirl``        both directions. Rollout-on-TrainPool as above (lent trainers only generate groups of
+                    the batch the train pool needs next, so the lease ends before the pool needs them,
+                    and their samples are fresh). Trainer-on-RollPool: a rollout device idle because
+                    admission blocks it joins the train step when the time saved, T/n - T/(n+1), beats
+                    two switches plus the gradient transfer; the primary stays the only optimizer.
+
+Cost/benefit uses :class:`Estimates` from the performance model (simulator) or from measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from bidirl.sched import events as ev
+from bidirl.sched.cluster import Cluster
+from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
+from bidirl.sched.roles import Role
+
+
+@dataclass(frozen=True)
+class Estimates:
+    generate_group_s: float  # device-seconds to generate one prompt group (all G samples)
+    train_batch_s: float  # device-seconds of one optimizer step's gradient work (T)
+    switch_s: float  # one role switch
+    grad_transfer_s: float = 0.0  # returning one device's gradients to the primary
+
+
+def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
+    """Rollout devices x minimising max(R / x, T / (n - x)): StreamRL's / the planner's static balance."""
+    rollout_work = estimates.generate_group_s * batch_groups
+    return min(range(1, devices), key=lambda x: max(rollout_work / x, estimates.train_batch_s / (devices - x)))
+
+
+class RollPolicy(AsyncPolicy):
+    name = "roll"
+
+    def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
+        self.chunk = -(-cluster.B // max(1, len(cluster.pool(Role.ROLLOUT))))  # one batch share per device
+        return super().decide(event, cluster)
+
+    def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        fill_rollout(cluster, cluster.devices, actions, self.chunk)
+
+
+class StreamRLPolicy(AsyncPolicy):
+    name = "streamrl"
+
+    def __init__(self, estimates: Estimates, batch_groups: int):
+        self.estimates, self.batch_groups = estimates, batch_groups
+
+    def default_rollout_devices(self, devices: int) -> int:
+        return balanced_split(devices, self.estimates, self.batch_groups)  # from the profile
+
+
+class VerlDynamicPolicy(AsyncPolicy):
+    """Rollout-on-TrainPool only."""
+
+    name = "verl-dynamic"
+
+    def __init__(self, estimates: Estimates):
+        self.estimates = estimates
+
+    def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        self.end_trainer_leases(cluster, actions)
+        self.lend_idle_trainers(cluster, actions)
+
+    def next_batch_open(self, cluster: Cluster) -> int:
+        """Groups of the batch the train pool needs next that are not admitted yet."""
+        return max(0, min(cluster.version + 1, cluster.steps) * cluster.B - cluster.admitted)
+
+    def lend_idle_trainers(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        if cluster.training is not None or cluster.syncing is not None or cluster.batch_ready():
+            return
+        open_groups = self.next_batch_open(cluster)
+        generating = max(1, sum(1 for d in cluster.devices if d.role is Role.ROLLOUT))
+        expected_wait = open_groups * self.estimates.generate_group_s / generating
+        if expected_wait <= 2 * self.estimates.switch_s + self.estimates.generate_group_s * cluster.chunk_groups:
+            return
+        for d in cluster.idle(Role.TRAIN):
+            if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version:
+                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent to rollout"))
+
+    def end_trainer_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        for d in cluster.idle(Role.ROLLOUT):
+            if d.home is Role.TRAIN and not d.after_work and (self.next_batch_open(cluster) == 0 or cluster.batch_ready()):
+                issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "lease ends: batch complete"))
+
+    def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        home = [d for d in cluster.devices if d.home is Role.ROLLOUT]
+        fill_rollout(cluster, home, actions)
+        lent = [d for d in cluster.devices if d.home is Role.TRAIN]
+        if self.next_batch_open(cluster) > 0:  # lent trainers only work on the batch the pool needs next
+            fill_rollout(cluster, lent, actions, min(cluster.chunk_groups, self.next_batch_open(cluster)))
+
+
+class BidirlPolicy(VerlDynamicPolicy):
+    name = "bidirl"
+
+    def __init__(self, estimates: Estimates, batch_groups: int):
+        super().__init__(estimates)
+        self.batch_groups = batch_groups
+
+    def default_rollout_devices(self, devices: int) -> int:
+        return balanced_split(devices, self.estimates, self.batch_groups)  # the planner's job; balanced for now
+
+    def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        super().before_training(cluster, actions)
+        self.end_rollout_leases(cluster, actions)
+        self.lend_blocked_rollout(cluster, actions)
+
+    def end_rollout_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        if cluster.syncing is None and cluster.training is None and not cluster.batch_ready():
+            for d in cluster.idle(Role.TRAIN):
+                if d.home is Role.ROLLOUT and not d.after_work:
+                    issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
+
+    def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        if not (cluster.batch_ready() and cluster.syncing is None and cluster.training is None):
+            return
+        trainers = sum(1 for d in cluster.devices if d.role is Role.TRAIN)
+        est = self.estimates
+        for d in cluster.idle(Role.ROLLOUT):
+            if d.home is not Role.ROLLOUT or d.after_work or d.version != cluster.version:
+                continue
+            saved = est.train_batch_s / trainers - est.train_batch_s / (trainers + 1)
+            if admission_blocked(cluster, d) and saved > 2 * est.switch_s + est.grad_transfer_s:
+                issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked: lent to training"))
+                trainers += 1

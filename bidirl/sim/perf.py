@@ -1,0 +1,115 @@
+"""Analytic time-performance models for hardware we do not have, calibrated on public figures.
+
+Rollout (one vLLM instance per device, continuous batching inside a chunk of requests)::
+
+    decode step(B, ctx) = a + b(ctx) * B            a = weight bytes / HBM bandwidth / 0.75
+    b(ctx) = (b0 + b1 * ctx) * kv_bytes / 147 KB    fitted to ML.ENERGY H100 ITL data:
+                                                    0.080 ms/seq at ~0.5k context, 0.261 at ~4k
+    prefill = 2 N * prompt tokens / (MFU * peak)    concurrency <= KV capacity / (kv bytes * context)
+    rollout_efficiency scales the whole generation time: serving benchmarks run CUDA graphs at steady
+    state, RL rollouts do not; it is the one free constant, fitted on validation case A (veRL GSM8K).
+
+Training (FSDP): tokens * k * N / (MFU * peak FLOP/s * devices) + ring all-reduce of bf16 gradients,
+with k = 6 (update) + 2 (recompute old log-probs) [+ 2 with a reference model]. MFU 0.33 (veRL report).
+Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). Switch: a parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    hbm_bytes: float
+    hbm_bw: float  # bytes/s
+    peak_flops: float  # dense bf16 FLOP/s
+    link_bw: float  # bytes/s for gradient all-reduce / weight broadcast across devices
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params: float
+    kv_bytes_per_token: float
+
+    @property
+    def weight_bytes(self) -> float:
+        return 2.0 * self.params  # bf16
+
+
+HARDWARE: Dict[str, Hardware] = {
+    "H100": Hardware("H100", 80e9, 3.35e12, 989e12, 50e9),
+    "H200": Hardware("H200", 141e9, 4.8e12, 989e12, 50e9),
+    "H20": Hardware("H20", 96e9, 4.0e12, 148e12, 50e9),
+    "A100": Hardware("A100", 80e9, 2.0e12, 312e12, 25e9),
+}
+MODELS: Dict[str, ModelSpec] = {
+    "7B": ModelSpec("7B", 7.6e9, 56e3),  # Qwen2.5-7B
+    "8B": ModelSpec("8B", 8.0e9, 147e3),  # Qwen3-8B
+    "14B": ModelSpec("14B", 14.8e9, 196e3),
+    "32B": ModelSpec("32B", 32.5e9, 256e3),  # Qwen2.5-32B
+}
+
+
+@dataclass
+class PerfModel:
+    hardware: Hardware
+    model: ModelSpec
+    mfu: float = 0.33
+    rollout_efficiency: float = 1.0  # >1 = slower than the serving-benchmark fit (fitted on case A)
+    kv_fraction: float = 0.85  # of HBM left after weights that vLLM gives to the KV cache
+    sync_latency_s: float = 0.05
+    switch_s: float = 0.5  # one role switch (engine wake/sleep + weight load); RLinf: "within 1 s"
+    reshard_s: float = 1.2  # colocated train -> generation reshard per step (veRL 7B on 8xH100)
+    with_reference: bool = False
+
+    # ---- rollout ------------------------------------------------------------------------------
+    @property
+    def step_intercept(self) -> float:
+        return self.model.weight_bytes / self.hardware.hbm_bw / 0.75
+
+    def step_slope(self, context: float) -> float:
+        return (0.054e-3 + 5.2e-8 * context) * self.model.kv_bytes_per_token / 147e3 * 3.35e12 / self.hardware.hbm_bw
+
+    def max_concurrency(self, context: float) -> int:
+        free = (self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
+        return max(1, int(free / (self.model.kv_bytes_per_token * max(context, 1.0))))
+
+    def generate_seconds(self, lengths: Sequence[int], prompt_tokens: int) -> float:
+        """Continuous batching of ``lengths`` on one instance: sequences decode together, up to the KV
+        limit, and the batch shrinks as short ones finish (the long tail runs nearly alone)."""
+        if not lengths:
+            return 0.0
+        ordered = sorted(lengths)
+        mean_context = prompt_tokens + sum(ordered) / len(ordered) / 2
+        limit = self.max_concurrency(prompt_tokens + ordered[-1] / 2 + mean_context / 2)
+        waves = [ordered[i:: max(1, -(-len(ordered) // limit))] for i in range(max(1, -(-len(ordered) // limit)))]
+        seconds = 0.0
+        for wave in waves:
+            seconds += self._decode_wave(wave, prompt_tokens)
+        prefill = 2 * self.model.params * prompt_tokens * len(ordered) / (self.mfu * self.hardware.peak_flops)
+        return (seconds + prefill) * self.rollout_efficiency
+
+    def _decode_wave(self, ordered: List[int], prompt_tokens: int) -> float:
+        seconds, done, running = 0.0, 0, len(ordered)
+        for length in ordered:  # between consecutive finishes `running` sequences decode together
+            steps = length - done
+            if steps > 0:
+                context = prompt_tokens + (done + length) / 2
+                seconds += steps * (self.step_intercept + self.step_slope(context) * running)
+                done = length
+            running -= 1
+        return seconds
+
+    # ---- training -----------------------------------------------------------------------------
+    def train_seconds(self, tokens: float, devices: int) -> float:
+        k = 6 + 2 + (2 if self.with_reference else 0)
+        compute = k * self.model.params * tokens / (self.mfu * self.hardware.peak_flops * devices)
+        allreduce = 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.model.weight_bytes / self.hardware.link_bw
+        return compute + allreduce
+
+    def sync_seconds(self, devices: int) -> float:
+        return self.sync_latency_s + self.model.weight_bytes / self.hardware.link_bw if devices > 1 else 0.0

@@ -1,0 +1,62 @@
+"""``bidirl simulate``: every requested policy on the configured cluster, a table, Gantt charts, a bar chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from bidirl.config import PipelineConfig
+from bidirl.errors import BidirlError
+from bidirl.sched.policies import POLICY_NAMES
+from bidirl.sim.run import SimResult, simulate
+from bidirl.ui import console, say
+
+
+def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path) -> List[SimResult]:
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(POLICY_NAMES)})")
+    try:
+        results = [simulate(cfg, name, keep_trace=cfg.sim.gantt) for name in policies]
+    except ValueError as exc:
+        raise BidirlError(str(exc)) from None
+    print_table(cfg, results)
+    write_outputs(results, out)
+    return results
+
+
+def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
+    from rich.table import Table
+
+    sim = cfg.sim
+    table = Table(title=f"{cfg.cluster.devices} x {sim.hardware}, {sim.model}, {sim.workload}, "
+                        f"{cfg.train.steps} steps of {cfg.train.prompts_per_step}x{cfg.rollout.group_size}")
+    for column in ("policy", "split r/t", "eta", "samples/s", f"x {results[0].policy}", "step s", "tau*/tau",
+                   "idle rollout", "idle train", "switches"):
+        table.add_column(column, justify="right")
+    base = results[0].samples_per_s
+    for r in results:
+        table.add_row(r.policy, f"{r.rollout_devices}/{r.devices - r.rollout_devices}", str(r.eta),
+                      f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
+                      f"{r.efficiency:.2f}", f"{r.idle_ratio.get('rollout', 0.0):.1%}",
+                      f"{r.idle_ratio.get('train', 0.0):.1%}", str(r.switches))
+    console.print(table)
+
+
+def write_outputs(results: List[SimResult], out: Path) -> Dict[str, str]:
+    from bidirl.plots import plot_bars, plot_gantt
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"results": str(out / "results.json")}
+    (out / "results.json").write_text(json.dumps([r.row() for r in results], indent=2))
+    for r in results:
+        if r.cluster is not None:
+            with open(out / f"trace-{r.policy}.jsonl", "w") as trace:
+                trace.writelines(json.dumps(record) + "\n" for record in r.cluster.trace)
+            files[f"gantt-{r.policy}"] = str(plot_gantt(r.cluster.trace, r.makespan_s, out / f"gantt-{r.policy}.png",
+                                                        f"{r.policy}: {r.samples_per_s:.2f} samples/s"))
+    files["throughput"] = str(plot_bars([r.policy for r in results], [r.samples_per_s for r in results],
+                                        out / "throughput.png", "simulated samples/s"))
+    say(f"wrote {out}")
+    return files

@@ -1,0 +1,88 @@
+"""Simulate one policy (or several) on the configured cluster; the figures ``bidirl simulate`` reports."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from bidirl.config import PipelineConfig
+from bidirl.sched.cluster import Cluster
+from bidirl.sched.policies import build_policy
+from bidirl.sched.roles import Role
+from bidirl.sched.trace import pool_idle_ratio
+from bidirl.sim.costs import CalibratedCosts, estimates
+from bidirl.sim.perf import HARDWARE, MODELS, PerfModel
+from bidirl.sim.simulator import Simulator
+from bidirl.sim.workload import preset
+
+
+@dataclass
+class SimResult:
+    policy: str
+    eta: int
+    rollout_devices: int
+    devices: int
+    makespan_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    step_s: float
+    ideal_step_s: float
+    idle_ratio: Dict[str, float]
+    staleness: Dict[int, int]
+    switches: int
+    sim_seconds: float
+    cluster: Optional[Cluster] = field(default=None, repr=False)
+
+    @property
+    def efficiency(self) -> float:
+        """eta = tau* / tau: 1.0 means no device ever idled and switching was free."""
+        return self.ideal_step_s / self.step_s if self.step_s else 0.0
+
+    def row(self) -> Dict[str, Any]:
+        return {"policy": self.policy, "eta": self.eta, "split": f"{self.rollout_devices}/{self.devices - self.rollout_devices}",
+                "samples_per_s": round(self.samples_per_s, 3), "tokens_per_s": round(self.tokens_per_s, 1),
+                "step_s": round(self.step_s, 3), "ideal_step_s": round(self.ideal_step_s, 3),
+                "efficiency": round(self.efficiency, 3), "idle_ratio": self.idle_ratio,
+                "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches,
+                "sim_seconds": round(self.sim_seconds, 3)}
+
+
+def perf_model(cfg: PipelineConfig) -> PerfModel:
+    sim = cfg.sim
+    return PerfModel(HARDWARE[sim.hardware], MODELS[sim.model], mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
+                     switch_s=sim.switch_s, reshard_s=sim.reshard_s, with_reference=sim.with_reference)
+
+
+def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
+             rollout_devices: Optional[int] = None, keep_trace: bool = False) -> SimResult:
+    start = time.perf_counter()
+    perf, workload = perf_model(cfg), preset(cfg.sim.workload)
+    B, G, devices = cfg.train.prompts_per_step, cfg.rollout.group_size, cfg.cluster.devices
+    chunk = cfg.launch.chunk_groups
+    est = estimates(perf, workload, G, B, chunk, cfg.sim.switch_s)
+    policy = build_policy(policy_name, est, B)
+    eta = cfg.algorithm.staleness if eta is None else eta
+    eta = 0 if policy.synchronous else eta
+    if rollout_devices is None:
+        rollout_devices = cfg.cluster.rollout_devices or policy.default_rollout_devices(devices)
+    homes = policy.homes(devices, rollout_devices) if devices > 1 else [Role.TRAIN]
+    colocated = policy.synchronous
+    costs = CalibratedCosts(perf, workload, G, cfg.train.steps, cfg.seed,
+                            switch_s=cfg.sim.reshard_s / 2 if colocated else cfg.sim.switch_s, sync_free=colocated)
+    cluster = Cluster(homes, B, eta, cfg.train.steps, chunk)
+    Simulator(cluster, policy, costs).run()
+    makespan = cluster.now
+    samples = cluster.trained_groups * G
+    ideal = (costs.rollout_device_s + costs.train_device_s) / devices / cfg.train.steps
+    homes_map = {d.index: d.home.value for d in cluster.devices}
+    return SimResult(policy_name, eta, sum(h is Role.ROLLOUT for h in homes), devices, makespan,
+                     samples / makespan, costs.tokens() / makespan, makespan / cfg.train.steps, ideal,
+                     pool_idle_ratio(cluster.trace, makespan, homes_map), dict(cluster.staleness),
+                     costs.switches, time.perf_counter() - start, cluster if keep_trace else None)
+
+
+def best_static_split(cfg: PipelineConfig, eta: int) -> SimResult:
+    """The `areal` policy with its split chosen by search over every split (a tuned static baseline)."""
+    results = [simulate(cfg, "areal", eta, x) for x in range(1, cfg.cluster.devices)]
+    return max(results, key=lambda r: r.samples_per_s)

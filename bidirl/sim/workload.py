@@ -1,0 +1,50 @@
+"""Response-length workloads for the simulator: long tails, a cap, correlated groups, drift over steps.
+
+Lengths of one prompt's samples are strongly correlated (PolyTrace): a prompt draws a log-normal
+"difficulty" mean, its G samples scatter around it with a smaller spread. A share of samples hits the
+cap (reasoning at 16k). Drift multiplies every mean by ``1 + drift * step / steps`` (RL makes reasoning
+longer as training proceeds). Deterministic for a seed. Presets follow ``calibration.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Dict, List
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompt_tokens: int
+    mean_tokens: float  # mean response length before the cap
+    cap: int
+    prompt_sigma: float  # log-normal spread of per-prompt means (between prompts)
+    sample_sigma: float  # spread of samples around their prompt's mean (within a group)
+    drift: float = 0.0  # relative growth of the mean over the whole run
+
+    def group_lengths(self, rng: random.Random, group_size: int, step: int, steps: int) -> List[int]:
+        mean = self.mean_tokens * (1.0 + self.drift * step / max(1, steps))
+        # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2
+        prompt_mean = math.exp(rng.gauss(math.log(mean) - self.prompt_sigma ** 2 / 2, self.prompt_sigma))
+        mu = math.log(prompt_mean) - self.sample_sigma ** 2 / 2
+        return [max(1, min(self.cap, int(math.exp(rng.gauss(mu, self.sample_sigma))))) for _ in range(group_size)]
+
+
+PRESETS: Dict[str, Workload] = {
+    # veRL GSM8K report: prompt ~93, response mean ~232, cap 1024 rarely hit
+    "gsm8k": Workload("gsm8k", prompt_tokens=93, mean_tokens=232, cap=1024, prompt_sigma=0.35, sample_sigma=0.25),
+    # OpenMathInstruct-2 / MATH: mean ~1-3k with a 4k cap
+    "math": Workload("math", prompt_tokens=150, mean_tokens=1600, cap=4096, prompt_sigma=0.6, sample_sigma=0.35,
+                     drift=0.2),
+    # reasoning with a 16k cap: mean 7-10k, 10-30% at the cap, lengths drift upwards
+    "reasoning": Workload("reasoning", prompt_tokens=200, mean_tokens=9000, cap=16384, prompt_sigma=0.7,
+                          sample_sigma=0.3, drift=0.3),
+}
+
+
+def preset(name: str) -> Workload:
+    if name not in PRESETS:
+        raise ValueError(f"unknown workload '{name}' (known: {', '.join(PRESETS)})")
+    return PRESETS[name]
