@@ -56,7 +56,7 @@ class Controller:
         self.chunk_seconds: Dict[int, float] = {}
         self.dispatched: set = set()
         self.pending: Dict[str, set] = {"train": set(), "sync": set()}
-        self.reports: Dict[str, list] = {"train": [], "sync": [], "switch": []}
+        self.reports: Dict[str, list] = {"train": [], "sync": [], "switch": [], "load": []}
         self.batch_info: Dict[str, Any] = {}
         self.snapshots: List[Tuple[int, str]] = [(0, str(self.run.path / "snapshots" / "v00000.pt"))]
         self.version_seconds: Dict[int, float] = {0: 0.0}  # RL time at which each version existed
@@ -96,7 +96,8 @@ class Controller:
         actions = self.policy.decide(event, self.cluster)
         for action in actions:
             self.execute(action)
-        if not actions and self.idle_everywhere() and not self.cluster.finished:
+        waiting = self.pending["train"] or self.pending["sync"]
+        if not actions and not waiting and self.idle_everywhere() and not self.cluster.finished:
             raise BidirlError(f"policy '{self.policy.name}' stalled at version {self.cluster.version}: "
                               "every device is idle and it started nothing")
 
@@ -113,7 +114,10 @@ class Controller:
         if op == "switch_done":
             self.reports["switch"].append(message)
             return ev.SwitchDone(device, Role(message["role"]), message)
-        kind = {"train_done": "train", "sync_done": "sync"}.get(op)
+        if op == "load_done":
+            self.reports["load"].append(message)
+            return ev.LoadDone(device, message["version"])
+        kind = {"train_done": "train", "staged": "sync"}.get(op)
         if kind is None:
             raise BidirlError(f"device {device} sent an unexpected message '{op}'")
         self.pending[kind].discard(device)
@@ -134,12 +138,16 @@ class Controller:
             self.send_chunk(action)
         elif isinstance(action, ev.Train):
             self.send_train(action)
-        elif isinstance(action, ev.Sync):
+        elif isinstance(action, ev.Sync):  # primary publishes; receiver threads stage it in the background
             self.sync_started = time.perf_counter()
-            self.pending["sync"] = set(action.devices)
+            primary, version = self.cluster.primary, self.cluster.version
+            members = sorted({primary, *action.devices})
+            self.pending["sync"] = set(members)
+            self.mailbox.send(primary, {"op": "publish", "version": version, "members": members})
             for device in action.devices:
-                self.mailbox.send(device, {"op": "sync", "version": self.cluster.version,
-                                           "members": list(action.devices)})
+                self.mailbox.send_weights(device, {"op": "receive", "version": version, "members": members})
+        elif isinstance(action, ev.Load):
+            self.mailbox.send(action.device, {"op": "load", "version": self.cluster.devices[action.device].loading})
         elif isinstance(action, ev.Switch):
             self.mailbox.send(action.device, {"op": "switch", "role": action.role.value})
 
@@ -239,6 +247,8 @@ class Controller:
             "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
             "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
             "sync_transfer_median_s": round(median(m["transfer_s"] for m in syncs), 4),
+            "loads": len(self.reports["load"]),
+            "load_median_ms": round(1000 * median(m["seconds"] for m in self.reports["load"]), 2),
             "switches": switches, "curve": curve,
             "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),
         }
@@ -265,4 +275,6 @@ class Controller:
 
     def stop_workers(self) -> None:
         for device in range(self.devices):
+            if self.devices > 1 and device != self.cluster.primary:
+                self.mailbox.send_weights(device, {"op": "stop"})
             self.mailbox.send(device, {"op": "stop"})

@@ -5,7 +5,9 @@ Groups are raw c10d backends built from the torchrun store (``ProcessGroupGloo``
 its own single-rank default group and must not collide with ours.
 
 Which groups: every subset of devices that contains the primary trainer (a train pool, grown by
-lending, always contains the primary; a weight sync is rooted there). With more than
+lending, always contains the primary; a weight sync is rooted there), twice: once for the main
+threads' gradient all-reduce and once for the weight sender/receiver threads, so that the two never
+share a group. With more than
 ``MAX_SUBSET_DEVICES`` devices that is too many, so only contiguous ranges containing the primary are
 built and policies must keep pools contiguous. All members build the groups in one canonical order,
 so construction cannot deadlock.
@@ -35,32 +37,35 @@ class Groups:
     def __init__(self, store: Any, device: int, devices: int, primary: int, device_type: str, timeout_s: float):
         self.device, self.primary = device, primary
         self.groups: Dict[FrozenSet[int], Any] = {}
+        self.weight_groups: Dict[FrozenSet[int], Any] = {}  # used only by the weight sender/receiver threads
         if devices == 1:
             return  # one device: nothing to build, and every "collective" is local
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=timeout_s)
-        for members in candidate_groups(devices, primary):
-            if device not in members:
-                continue
-            ranks = sorted(members)
-            prefix = dist.PrefixStore("group/" + "-".join(map(str, ranks)), store)
-            if device_type == "cuda":
-                self.groups[members] = dist.ProcessGroupNCCL(prefix, ranks.index(device), len(ranks))
-            else:
-                self.groups[members] = dist.ProcessGroupGloo(prefix, ranks.index(device), len(ranks), timeout)
+        for kind, table in (("group", self.groups), ("weights", self.weight_groups)):
+            for members in candidate_groups(devices, primary):
+                if device not in members:
+                    continue
+                ranks = sorted(members)
+                prefix = dist.PrefixStore(f"{kind}/" + "-".join(map(str, ranks)), store)
+                if device_type == "cuda":
+                    table[members] = dist.ProcessGroupNCCL(prefix, ranks.index(device), len(ranks))
+                else:
+                    table[members] = dist.ProcessGroupGloo(prefix, ranks.index(device), len(ranks), timeout)
 
-    def get(self, members: Sequence[int]) -> Any:
+    def get(self, members: Sequence[int], weights: bool = False) -> Any:
         key = frozenset(members)
-        if key not in self.groups:
+        table = self.weight_groups if weights else self.groups
+        if key not in table:
             raise BidirlError(f"no process group was built for devices {sorted(key)} (primary {self.primary}); "
                               "with many devices pools must be contiguous ranges containing the primary")
-        return self.groups[key]
+        return table[key]
 
-    def broadcast(self, tensor: Any, members: Sequence[int], root: int) -> None:
+    def broadcast(self, tensor: Any, members: Sequence[int], root: int, weights: bool = False) -> None:
         if len(set(members)) > 1:
-            self.get(members).broadcast(tensor, sorted(set(members)).index(root)).wait()
+            self.get(members, weights).broadcast(tensor, sorted(set(members)).index(root)).wait()
 
-    def reduce_sum(self, tensor: Any, members: Sequence[int], root: int) -> None:
+    def allreduce_sum(self, tensor: Any, members: Sequence[int]) -> None:
         if len(set(members)) > 1:
-            self.get(members).reduce(tensor, sorted(set(members)).index(root)).wait()
+            self.get(members).allreduce(tensor).wait()

@@ -3,6 +3,7 @@
 Protocol (all values are pickled dicts)::
 
     ctl/cmd/<device>/<n>   controller -> device, n = 0, 1, 2, ... ; the worker reads them in order
+    ctl/wcmd/<device>/<n>  controller -> device's weight receiver thread (join the next broadcast)
     ctl/evt/<n>            any device -> controller; n comes from the atomic counter ctl/evt/count
     ctl/plan               the controller's start-up plan (homes, primary, run directory), read by all
 
@@ -28,12 +29,19 @@ class Mailbox:
         self.sent: Dict[int, int] = {}
         self.read_events = 0
         self.read_commands = 0
+        self.sent_weights: Dict[int, int] = {}
+        self.read_weights = 0
 
     # controller side
     def send(self, device: int, message: dict) -> None:
         n = self.sent.get(device, 0)
         self.sent[device] = n + 1
         self.store.set(f"{PREFIX}cmd/{device}/{n}", pickle.dumps(message))
+
+    def send_weights(self, device: int, message: dict) -> None:
+        n = self.sent_weights.get(device, 0)
+        self.sent_weights[device] = n + 1
+        self.store.set(f"{PREFIX}wcmd/{device}/{n}", pickle.dumps(message))
 
     def next_event(self) -> dict:
         key = f"{PREFIX}evt/{self.read_events}"
@@ -51,6 +59,13 @@ class Mailbox:
         message = pickle.loads(self.store.get(key))
         self.store.delete_key(key)
         self.read_commands += 1
+        return message
+
+    def next_weights_command(self, device: int) -> dict:
+        key = f"{PREFIX}wcmd/{device}/{self.read_weights}"
+        message = pickle.loads(self.store.get(key))
+        self.store.delete_key(key)
+        self.read_weights += 1
         return message
 
     def post(self, message: dict) -> None:

@@ -46,7 +46,10 @@ def _run(argv: list) -> int:
         return _control(cfg, mailbox, devices, model_path)
     from bidirl.runtime.worker import Worker
 
-    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store).run()
+    # the weight sender/receiver thread gets its own store connection: threads never share a socket
+    receiver_store = dist.PrefixStore("bidirl", next(dist.rendezvous("env://"))[0])
+    receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
+    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store)).run()
     return 0
 
 

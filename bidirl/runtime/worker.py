@@ -6,20 +6,27 @@ The worker is a loop over its command queue (see :mod:`bidirl.runtime.mailbox`):
            generate | train | sync | switch | evaluate | stop
            post what happened (timings, samples, stats)
 
-Weights. Every device's training model receives every weight sync (a broadcast rooted at the primary
-trainer into the model's parameters), so it is always current; a device serving rollout also reloads
-its rollout engine in place right after the sync. A device serving training leaves its rollout engine
-alone and reloads it only when it switches back, and only if the version changed. Switching therefore
-never touches the disk, never restarts anything and never creates a process group.
-
 Gradients. Members of a train step compute gradients on their slice (scaled by the whole batch's token
-count, so slices add up), sum them into the primary trainer (``reduce`` over the pre-built group of
-exactly those members), and only the primary applies the optimizer: it is the one source of versions.
+count, so slices add up) and all-reduce them over the pre-built group of exactly those members. Every
+*home* trainer then applies the same optimizer step to its replica (data parallelism: they stay
+identical); a lent rollout device only contributed gradients and keeps no optimizer state, so the
+train pool stays the one source of versions.
+
+Weights, in two phases so that trainers never wait for a rollout device's safe point:
+  * ``publish`` (primary, main thread): snapshot the parameters and hand them to a sender thread that
+    broadcasts them over a dedicated weights group; the main thread goes straight on training.
+  * every other member's *receiver thread* takes part in that broadcast into a staging buffer, whatever
+    the main thread is doing (generating, say), and reports ``staged``.
+  * ``load`` (main thread, at the next safe point = between commands): copy the staged weights into
+    the training model and, if serving rollout, into the rollout engine in place.
+A device serving training reloads its rollout engine only when it switches back, and only if the
+version changed. Switching never touches the disk, restarts nothing and creates no process group.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict
@@ -33,7 +40,7 @@ from bidirl.runtime.groups import Groups
 
 class Worker:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, device: int, devices: int, model_path: str,
-                 store: Any = None, rollout: Any = None):
+                 store: Any = None, rollout: Any = None, receiver_mailbox: Any = None):
         import torch
 
         self.torch, self.device, self.cfg = torch, device, cfg
@@ -48,8 +55,16 @@ class Worker:
         self.rollout = rollout or build_rollout_engine(own_seed, model_path)
         self.train = build_train_engine(cfg, model_path)
         self.params = [p for p in self.train.model.parameters()]
+        self.home = plan["roles"][device]
+        self.staged: Dict[int, Any] = {}  # version -> flat weights received in the background
+        self.staged_ready = threading.Condition()
         if device == self.primary:
             self.save_snapshot(0)  # the starting point of the learning curve
+        self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
+        self.receiver: Any = None
+        if device != self.primary and devices > 1:
+            self.receiver = threading.Thread(target=self.receive_weights, args=(receiver_mailbox,), daemon=True)
+            self.receiver.start()
         self.mailbox.post({"op": "ready", "device": device, "startup_s": time.perf_counter() - start,
                            "groups_s": groups_s})
 
@@ -60,13 +75,16 @@ class Worker:
     def serve_one(self, command: Dict[str, Any]) -> bool:
         """Runs one command and posts its reply; False after ``stop``."""
         if command["op"] == "stop":
+            if self.receiver is not None:  # it got its own stop; a thread blocked in C++ at exit aborts
+                self.receiver.join(timeout=self.cfg.launch.collective_timeout_s)
             self.mailbox.post({"op": "stopped", "device": self.device})
             return False
-        handlers = {"generate": self.generate, "train": self.train_step, "sync": self.sync,
-                    "switch": self.switch, "evaluate": self.evaluate, "checkpoint": self.checkpoint}
+        handlers = {"generate": self.generate, "train": self.train_step, "publish": self.publish,
+                    "load": self.load, "switch": self.switch, "evaluate": self.evaluate, "checkpoint": self.checkpoint}
         start = time.perf_counter()
         reply = handlers[command["op"]](command)
-        self.mailbox.post({**reply, "device": self.device, "seconds": time.perf_counter() - start})
+        if reply is not None:  # publish answers from its sender thread instead
+            self.mailbox.post({**reply, "device": self.device, "seconds": time.perf_counter() - start})
         return True
 
     # ---- commands -----------------------------------------------------------------------------
@@ -89,9 +107,9 @@ class Worker:
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
         compute_s = time.perf_counter() - compute_start
         reduce_start = time.perf_counter()
-        self.groups.reduce_sum(grads, members, self.primary)
+        self.groups.allreduce_sum(grads, members)
         reduce_s = time.perf_counter() - reduce_start
-        if self.device != self.primary:
+        if self.home != "train":  # a lent rollout device: gradients given, no optimizer state to step
             self.train.optimizer.zero_grad(set_to_none=True)
             return {"op": "train_done", "compute_s": compute_s, "reduce_s": reduce_s}
         offset = 0
@@ -104,18 +122,50 @@ class Worker:
         return {"op": "train_done", "version": self.train.version, "stats": stats,
                 "compute_s": compute_s, "reduce_s": reduce_s}
 
-    def sync(self, command: Dict[str, Any]) -> Dict[str, Any]:
-        torch = self.torch
-        flat = torch.nn.utils.parameters_to_vector(self.params).detach().contiguous()
+    def publish(self, command: Dict[str, Any]) -> None:
+        """Primary: broadcast a snapshot of the weights from a sender thread; return at once."""
+        flat = self.torch.nn.utils.parameters_to_vector(self.params).detach().clone()
+
+        def send() -> None:
+            start = time.perf_counter()
+            self.groups.broadcast(flat, command["members"], self.primary, weights=True)
+            self.side_mailbox.post({"op": "staged", "device": self.device, "version": command["version"],
+                                    "transfer_s": time.perf_counter() - start})
+
+        threading.Thread(target=send, daemon=True).start()
+        return None
+
+    def receive_weights(self, mailbox: Any) -> None:
+        """Receiver thread: joins each weight broadcast into a staging buffer, whatever the main thread does."""
+        numel = sum(p.numel() for p in self.params)
+        while True:
+            command = mailbox.next_weights_command(self.device)
+            if command["op"] == "stop":
+                return
+            flat = self.torch.empty(numel, dtype=self.params[0].dtype)
+            start = time.perf_counter()
+            self.groups.broadcast(flat, command["members"], self.primary, weights=True)
+            with self.staged_ready:
+                self.staged[command["version"]] = flat
+                self.staged_ready.notify_all()
+            mailbox.post({"op": "staged", "device": self.device, "version": command["version"],
+                          "transfer_s": time.perf_counter() - start})
+
+    def load(self, command: Dict[str, Any]) -> Dict[str, Any]:
+        """Apply a staged version (the safe point is now: between commands)."""
+        version = command["version"]
+        with self.staged_ready:
+            self.staged_ready.wait_for(lambda: version in self.staged, timeout=self.cfg.launch.collective_timeout_s)
+            flat = self.staged.pop(version)
+            for old in [v for v in self.staged if v < version]:
+                del self.staged[old]
         start = time.perf_counter()
-        self.groups.broadcast(flat, command["members"], self.primary)
-        transfer_s = time.perf_counter() - start
-        if self.device != self.primary:
-            with torch.no_grad():
-                torch.nn.utils.vector_to_parameters(flat, self.params)
-            self.train.version = command["version"]
-        load_s = self.load_rollout() if self.role == "rollout" else 0.0
-        return {"op": "sync_done", "version": self.train.version, "transfer_s": transfer_s, "load_s": load_s}
+        with self.torch.no_grad():
+            self.torch.nn.utils.vector_to_parameters(flat, self.params)
+        self.train.version = version
+        rollout_s = self.load_rollout() if self.role == "rollout" else 0.0
+        return {"op": "load_done", "version": version, "copy_s": time.perf_counter() - start - rollout_s,
+                "load_s": rollout_s}
 
     def switch(self, command: Dict[str, Any]) -> Dict[str, Any]:
         start = time.perf_counter()

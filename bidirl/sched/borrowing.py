@@ -85,7 +85,7 @@ class VerlDynamicPolicy(AsyncPolicy):
         return max(0, min(cluster.version + 1, cluster.steps) * cluster.B - cluster.admitted)
 
     def lend_idle_trainers(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if cluster.training is not None or cluster.syncing is not None or cluster.batch_ready():
+        if cluster.training is not None or cluster.batch_ready():
             return
         open_groups = self.next_batch_open(cluster)
         generating = max(1, sum(1 for d in cluster.devices if d.role is Role.ROLLOUT))
@@ -125,13 +125,13 @@ class BidirlPolicy(VerlDynamicPolicy):
         self.lend_blocked_rollout(cluster, actions)
 
     def end_rollout_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if cluster.syncing is None and cluster.training is None and not cluster.batch_ready():
+        if cluster.training is None and not cluster.batch_ready():
             for d in cluster.idle(Role.TRAIN):
                 if d.home is Role.ROLLOUT and not d.after_work:
                     issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if not (cluster.batch_ready() and cluster.syncing is None and cluster.training is None):
+        if not (cluster.batch_ready() and cluster.training is None):
             return
         trainers = sum(1 for d in cluster.devices if d.role is Role.TRAIN)
         est = self.estimates

@@ -7,12 +7,22 @@ Batches and staleness. Prompt groups get sequence numbers in the order they are 
 is groups ``[k*B, (k+1)*B)`` (chunks never straddle a batch boundary) and is trained from version ``k``,
 producing version ``k+1``. A chunk started with weights of version ``v`` is admitted only if
 ``admitted + n <= (v + eta + 1) * B``, so every group of it lands in a batch ``k <= v + eta``:
-**staleness k - v never exceeds eta**, and eta = 0 is on-policy.
+**staleness k - v never exceeds eta**, and eta = 0 is on-policy. (A chunk whose device loads newer
+weights mid-way is counted at its start version: the bound stays conservative.)
+
+Weights move in two phases, so the trainers never wait for a rollout device's safe point:
+  1. ``Sync`` -- the primary trainer publishes the newest version; it is transferred in the background
+     to a staging buffer on every other device. ``SyncDone`` = every copy has arrived.
+  2. ``Load`` -- a device applies the staged version (``SYNCING`` state). Idle devices load at once; a
+     generating device loads at its next safe point: the end of the chunk in flight in the live
+     runtime, or at once, pausing its decode batch, where the driver can interrupt (``interruptible``,
+     the simulator's AReaL-style rollout).
 
 Invariants (asserted here and by tests):
   * a device has one role and one state at a time; transitions follow ``roles.LEGAL_TRANSITIONS``;
   * staleness never exceeds eta; every admitted group is trained exactly once (none lost or repeated);
-  * only the primary trainer creates versions; a sync brings devices to the newest version;
+  * only the train pool creates versions (home trainers step identical optimizer replicas; a lent
+    rollout device only contributes gradients); no device computes gradients on stale weights;
   * one train step at a time, and a batch is trained only when all its groups are done.
 """
 
@@ -40,18 +50,24 @@ class Chunk:
 
 class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: int, steps: int, chunk_groups: int,
-                 primary: Optional[int] = None):
+                 primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
         self.devices = [Device(i, home) for i, home in enumerate(homes)]
         self.primary = primary if primary is not None else list(homes).index(Role.TRAIN)
         self.B, self.eta, self.steps, self.chunk_groups = batch_groups, eta, steps, chunk_groups
+        # groups one rollout device may hold in flight: one chunk in the live runtime, a KV cache's worth
+        # of continuous batching in the simulator
+        self.inflight_groups = inflight_groups or chunk_groups
+        self.interruptible = interruptible
         self.version = 0  # newest version, held by the primary trainer
+        self.published = 0  # newest version staged on every device
+        self.syncing: Optional[int] = None  # version being transferred
         self.admitted = 0
         self.chunks: List[Chunk] = []
         self.by_batch: Dict[int, List[Chunk]] = {}
+        self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
         self.training: Optional[ev.Train] = None
-        self.syncing: Optional[int] = None  # version being synced
         self.trace: List[dict] = []
         self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
         self.trained_groups = 0
@@ -79,6 +95,12 @@ class Cluster:
         return groups > 0 and self.admitted + groups <= min((device.version + self.eta + 1) * self.B,
                                                             self.steps * self.B)
 
+    def has_room(self, device: Device, groups: int) -> bool:
+        """May ``device`` take ``groups`` more groups now (serving rollout, nothing queued, capacity left)?"""
+        working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups)
+        return (working and device.role is Role.ROLLOUT and not device.after_work
+                and self.inflight[device.index] + groups <= self.inflight_groups)
+
     def batch_chunks(self, k: int) -> List[Chunk]:
         return self.by_batch.get(k, [])
 
@@ -88,8 +110,8 @@ class Cluster:
         return (k < self.steps and self.training is None and sum(c.groups for c in chunks) == self.B
                 and all(c.done for c in chunks))
 
-    def stale_devices(self) -> List[Device]:
-        return [d for d in self.devices if d.version < self.version]
+    def needs_load(self, device: Device) -> bool:
+        return device.version < self.published and "load" not in device.after_work
 
     # ---- applying actions --------------------------------------------------------------------
     def apply(self, action: ev.Action) -> Optional[Chunk]:
@@ -98,7 +120,10 @@ class Cluster:
         if isinstance(action, ev.Train):
             self._start_train(action)
         elif isinstance(action, ev.Sync):
-            self._start_sync(action)
+            assert self.syncing is None and self.published < self.version, "one transfer of a new version at a time"
+            self.syncing = self.version
+        elif isinstance(action, ev.Load):
+            self._start_load(self.devices[action.device])
         elif isinstance(action, ev.Switch):
             self._start_switch(self.devices[action.device], action)
         else:
@@ -107,14 +132,17 @@ class Cluster:
 
     def _start_chunk(self, device: Device, groups: int) -> Chunk:
         assert self.can_admit(device, groups), f"admission would exceed eta={self.eta} on device {device.index}"
+        assert self.has_room(device, groups), f"device {device.index} cannot take {groups} more groups now"
         assert self.admitted // self.B == (self.admitted + groups - 1) // self.B, "chunk straddles a batch"
         chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
         self.chunks.append(chunk)
         self.by_batch.setdefault(chunk.first // self.B, []).append(chunk)
         self.admitted += groups
-        device.transition(S.GENERATING, self.now,
-                          f"chunk {chunk.index}: groups {chunk.first}-{chunk.first + groups - 1} at v{device.version}",
-                          self._log)
+        self.inflight[device.index] += groups
+        if device.state is S.IDLE:
+            device.transition(S.GENERATING, self.now,
+                              f"chunk {chunk.index}: groups {chunk.first}-{chunk.first + groups - 1} at v{device.version}",
+                              self._log)
         return chunk
 
     def _start_train(self, action: ev.Train) -> None:
@@ -126,14 +154,15 @@ class Cluster:
             assert device.version == self.version, f"device {index} would compute gradients on stale weights"
             device.transition(S.TRAINING, self.now, f"batch {self.version}", self._log)
 
-    def _start_sync(self, action: ev.Sync) -> None:
-        self.syncing = self.version
-        for index in action.devices:
-            device = self.devices[index]
-            if device.idle:
-                device.transition(S.SYNCING, self.now, f"weights v{self.version}", self._log)
-            else:
-                device.after_work.append("sync")
+    def _start_load(self, device: Device) -> None:
+        assert device.version < self.published, f"device {device.index} has nothing newer to load"
+        if device.idle:
+            device.transition(S.SYNCING, self.now, f"load v{self.published}", self._log)
+        elif device.state is S.GENERATING and self.interruptible:
+            device.transition(S.SYNCING, self.now, f"load v{self.published} (generation paused)", self._log)
+        else:
+            device.after_work.append("load")
+        device.loading = self.published
 
     def _start_switch(self, device: Device, action: ev.Switch) -> None:
         assert device.role is not action.role, f"device {device.index} already serves {action.role.value}"
@@ -149,15 +178,23 @@ class Cluster:
         if isinstance(event, ev.ChunkDone):
             chunk = self.chunks[event.chunk]
             chunk.done = True
-            self._work_finished(self.devices[event.device], f"chunk {chunk.index} done")
+            self.inflight[event.device] -= chunk.groups
+            device = self.devices[event.device]
+            if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
+                self._work_finished(device, f"chunk {chunk.index} done")
         elif isinstance(event, ev.TrainDone):
             self._finish_train(event)
         elif isinstance(event, ev.SyncDone):
-            for device in self.devices:
-                if device.state is S.SYNCING:
-                    device.version = event.version
-                    device.transition(S.IDLE, self.now, f"synced v{event.version}", self._log)
-            self.syncing = None
+            assert event.version == self.syncing
+            self.published, self.syncing = event.version, None
+        elif isinstance(event, ev.LoadDone):
+            device = self.devices[event.device]
+            device.version = event.version
+            resume = S.GENERATING if self.inflight[device.index] else S.IDLE
+            if resume is S.GENERATING:
+                device.transition(S.GENERATING, self.now, f"loaded v{event.version}, generation resumes", self._log)
+            else:
+                self._next_queued(device, f"loaded v{event.version}")
         elif isinstance(event, ev.SwitchDone):
             device = self.devices[event.device]
             assert device.role is event.role
@@ -171,8 +208,10 @@ class Cluster:
             self.staleness[k - chunk.version] += chunk.groups
             self.trained_groups += chunk.groups
         self.version = event.version
-        self.devices[self.primary].version = event.version
         trainers, self.training = self.training.devices, None
+        for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;
+            if self.devices[index].home is Role.TRAIN:  # a lent rollout device only lent its gradients
+                self.devices[index].version = event.version
         for index in trainers:
             self._work_finished(self.devices[index], f"step -> v{event.version}")
 
@@ -185,7 +224,7 @@ class Cluster:
 
     def _next_queued(self, device: Device, reason: str) -> None:
         """The device finished something: start what was queued behind it, in order, else go idle."""
-        if device.after_work and device.after_work[0] == "sync":
+        if device.after_work and device.after_work[0] == "load":
             device.after_work.pop(0)
             device.transition(S.SYNCING, self.now, reason, self._log)
         else:

@@ -34,8 +34,16 @@ class TrainDone:
 
 @dataclass(frozen=True)
 class SyncDone:
+    """The newest version is staged on every device (not yet loaded)."""
+
     version: int
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoadDone:
+    device: int
+    version: int
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,16 @@ class Train:
 
 @dataclass(frozen=True)
 class Sync:
-    """Send the newest weights from the primary trainer to ``devices`` (a collective over them)."""
+    """Publish the newest weights: the primary sends them to ``devices``' staging buffers, in the background."""
 
     devices: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Load:
+    """``device`` applies the staged newest weights, at once if idle, else at its next safe point."""
+
+    device: int
 
 
 @dataclass(frozen=True)

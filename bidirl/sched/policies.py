@@ -6,16 +6,17 @@ Contract: ``decide(event, cluster)`` applies each action it takes to the bookkee
 driver -- the live runtime or the simulator -- to carry out. Policies hold no clocks and no engines, so
 the same object drives a real run and a simulated one.
 
-* ``sync``  -- veRL-style colocated synchronous RL: every device generates the batch, switches to
-  training, trains it (gradients reduced to the primary trainer), receives the new weights, switches
-  back. The two role switches per step are veRL's hybrid-engine resharding cost.
-* ``async`` -- AReaL-style disaggregated asynchronous RL with a fixed partition: rollout devices generate
-  continuously under the staleness bound eta (admission control), the train pool trains each batch as
-  soon as it is complete, and every optimizer step is followed by a weight sync to all devices at their
-  next safe point (the end of the chunk in flight; that chunk keeps its old version).
+* ``sync`` (alias ``verl``) -- veRL-style colocated synchronous RL: every device generates the batch,
+  switches to training, trains it (data-parallel: gradients all-reduced, every replica steps), and
+  switches back, loading the new weights into its rollout engine. The two role switches per step are
+  veRL's hybrid-engine resharding cost.
+* ``async`` (alias ``areal``) -- AReaL-style disaggregated asynchronous RL with a fixed partition:
+  rollout devices generate continuously under the staleness bound eta (admission control), the train
+  pool trains each batch as soon as it is complete, publishes every new version in the background, and
+  each rollout device loads it at its next safe point (see :mod:`bidirl.sched.cluster`).
 * ``async-lend`` -- ``async`` plus the simplest Trainer-on-RollPool lending: a rollout device that is
-  idle only because admission blocks it, while a batch is ready, switches to training for that step and
-  switches back after the weight sync. No cost model yet (the scheduler issue adds one).
+  idle only because admission blocks it, while a batch is ready, joins that step's gradient work and
+  goes home afterwards. No cost model (``bidirl`` in :mod:`bidirl.sched.borrowing` has one).
 """
 
 from __future__ import annotations
@@ -52,17 +53,28 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
 
 
 def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action], chunk: int = 0) -> None:
-    """Admit one chunk (at most ``chunk`` groups, default the cluster's) on each idle rollout-serving
-    device, while the staleness bound allows."""
+    """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
+    with room, while the staleness bound allows."""
     for device in devices:
-        if device.idle and device.role is Role.ROLLOUT and not device.after_work:
+        while True:
             groups = cluster.next_chunk_size(chunk)
-            if cluster.can_admit(device, groups):
-                issue(cluster, actions, ev.Generate(device.index, groups))
+            if not (cluster.has_room(device, groups) and cluster.can_admit(device, groups)):
+                break
+            issue(cluster, actions, ev.Generate(device.index, groups))
 
 
 def admission_blocked(cluster: Cluster, device) -> bool:
     return not cluster.can_admit(device, cluster.next_chunk_size())
+
+
+def publish_and_load(cluster: Cluster, actions: List[ev.Action]) -> None:
+    """Publish a new version once trained; every device loads the newest published version."""
+    stale = [d.index for d in cluster.devices if d.version < cluster.version]
+    if stale and cluster.syncing is None and cluster.published < cluster.version:
+        issue(cluster, actions, ev.Sync(tuple(stale)))
+    for device in cluster.devices:
+        if cluster.needs_load(device) and device.state is not DeviceState.SYNCING:
+            issue(cluster, actions, ev.Load(device.index))
 
 
 class SyncPolicy(Policy):
@@ -78,22 +90,18 @@ class SyncPolicy(Policy):
         generating_phase = all(d.role is Role.ROLLOUT for d in devices)
         if cluster.finished:
             return actions
-        if not all(d.idle for d in devices):
-            if generating_phase:
+        if generating_phase:
+            if cluster.batch_ready() and all(d.idle for d in devices):
+                for d in devices:
+                    issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "batch complete"))
+            else:
                 fill_rollout(cluster, devices, actions)
-            return actions
-        if generating_phase and cluster.batch_ready():
-            for d in devices:
-                issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "batch complete"))
-        elif generating_phase:
-            fill_rollout(cluster, devices, actions)
-        elif cluster.batch_ready():
-            issue(cluster, actions, ev.Train(tuple(d.index for d in devices)))
-        elif cluster.stale_devices():
-            issue(cluster, actions, ev.Sync(tuple(d.index for d in devices)))
-        else:
-            for d in devices:
-                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "weights current"))
+        elif all(d.idle for d in devices):
+            if cluster.batch_ready():
+                issue(cluster, actions, ev.Train(tuple(d.index for d in devices)))
+            elif cluster.version < cluster.steps:  # every replica stepped: weights are current everywhere
+                for d in devices:
+                    issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "weights current"))
         return actions
 
 
@@ -104,11 +112,11 @@ class AsyncPolicy(Policy):
         actions: List[ev.Action] = []
         if cluster.finished:
             return actions
-        if isinstance(event, ev.TrainDone) and cluster.version < cluster.steps:
-            issue(cluster, actions, ev.Sync(tuple(d.index for d in cluster.devices)))
+        if cluster.version < cluster.steps:
+            publish_and_load(cluster, actions)
         self.before_training(cluster, actions)
         trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
-        if cluster.batch_ready() and cluster.syncing is None and self.ready_to_train(cluster, trainers):
+        if cluster.batch_ready() and self.ready_to_train(cluster, trainers):
             issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))
         self.fill(cluster, actions)
         return actions
@@ -117,7 +125,7 @@ class AsyncPolicy(Policy):
         fill_rollout(cluster, cluster.devices, actions)
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """Hook for lending policies: runs after the sync decision, before the train decision."""
+        """Hook for lending policies: runs after the weight decisions, before the train decision."""
 
     @staticmethod
     def ready_to_train(cluster: Cluster, trainers: Sequence) -> bool:
@@ -130,14 +138,19 @@ class AsyncLendPolicy(AsyncPolicy):
     name = "async-lend"
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if cluster.syncing is None:  # lent devices go home once they hold the new weights
-            for d in cluster.devices:
-                if d.lent and d.idle and not d.after_work and cluster.training is None and not cluster.batch_ready():
-                    issue(cluster, actions, ev.Switch(d.index, d.home, "lease ends"))
-        if cluster.batch_ready() and cluster.syncing is None and cluster.training is None:
+        for d in cluster.devices:  # the lease ends with the step; the device loads new weights at home
+            if (d.lent and d.home is Role.ROLLOUT and d.idle and not d.after_work and cluster.training is None
+                    and not cluster.batch_ready()):
+                issue(cluster, actions, ev.Switch(d.index, d.home, "lease ends"))
+        if cluster.batch_ready() and cluster.training is None:
             for d in cluster.idle(Role.ROLLOUT):
                 if not d.after_work and d.version == cluster.version and admission_blocked(cluster, d):
                     issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked, batch ready"))
+
+
+def partition(policy: Policy, devices: int, rollout_devices: int = 0) -> List[Role]:
+    """Home pools for ``devices``; ``rollout_devices=0`` means the policy's default split."""
+    return policy.homes(devices, rollout_devices or policy.default_rollout_devices(devices))
 
 
 def _registry() -> Dict[str, Callable[..., Policy]]:
@@ -156,11 +169,6 @@ def _registry() -> Dict[str, Callable[..., Policy]]:
 
 NEEDS_ESTIMATES = ("streamrl", "verl-dynamic", "bidirl")
 POLICY_NAMES = ("sync", "verl", "async", "areal", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl")
-
-
-def partition(policy: Policy, devices: int, rollout_devices: int = 0) -> List[Role]:
-    """Home pools for ``devices``; ``rollout_devices=0`` means the policy's default split."""
-    return policy.homes(devices, rollout_devices or policy.default_rollout_devices(devices))
 
 
 def build_policy(name: str, estimates=None, batch_groups: int = 0) -> Policy:

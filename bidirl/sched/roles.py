@@ -5,8 +5,9 @@ partition put it in. Independently it is in one :class:`DeviceState`. Legal tran
 
     IDLE ──► GENERATING ──► IDLE            (a chunk of prompt groups, only while serving ROLLOUT)
     IDLE ──► TRAINING ───► IDLE             (gradients for one optimizer step, only while serving TRAIN)
-    IDLE ──► SYNCING ────► IDLE             (receive / send the newest weights)
-    GENERATING | TRAINING | SWITCHING ──► SYNCING   (a weight sync queued behind the work in flight: the safe point)
+    IDLE ──► SYNCING ────► IDLE             (load the staged newest weights into the engines)
+    GENERATING | TRAINING | SWITCHING ──► SYNCING   (a load queued behind the work in flight: the safe point)
+    GENERATING ──► SYNCING ──► GENERATING   (interruptible drivers: decoding paused for the load, then resumed)
     GENERATING | TRAINING ──► DRAINING ──► SWITCHING   (switch asked while busy: finish the work, then switch)
     IDLE ──► SWITCHING ──► IDLE             (the served role flips on entering SWITCHING)
     IDLE ──► EVALUATING ──► IDLE            (held-out evaluation; after training, never mid-run)
@@ -52,7 +53,7 @@ LEGAL_TRANSITIONS: Dict[DeviceState, FrozenSet[DeviceState]] = {
     S.IDLE: frozenset({S.GENERATING, S.TRAINING, S.SYNCING, S.SWITCHING, S.EVALUATING}),
     S.GENERATING: frozenset({S.IDLE, S.SYNCING, S.DRAINING}),
     S.TRAINING: frozenset({S.IDLE, S.SYNCING, S.DRAINING}),
-    S.SYNCING: frozenset({S.IDLE}),
+    S.SYNCING: frozenset({S.IDLE, S.GENERATING}),
     S.DRAINING: frozenset({S.SWITCHING}),
     S.SWITCHING: frozenset({S.IDLE, S.SYNCING}),
     S.EVALUATING: frozenset({S.IDLE}),
@@ -75,7 +76,8 @@ class Device:
     role: Role = None  # type: ignore[assignment]  # defaults to home
     state: DeviceState = DeviceState.IDLE
     version: int = 0  # policy version of the weights this device serves with
-    after_work: List[str] = field(default_factory=list)  # "sync" / "switch", queued behind the work in flight
+    after_work: List[str] = field(default_factory=list)  # "load" / "switch", queued behind the work in flight
+    loading: int = 0  # version a pending or running load will bring
     busy_since: float = 0.0
 
     def __post_init__(self) -> None:

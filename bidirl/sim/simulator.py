@@ -30,6 +30,8 @@ class CostModel(Protocol):
 
     def sync(self, devices: Tuple[int, ...]) -> float: ...
 
+    def load(self, device: int) -> float: ...
+
     def switch(self, device: int) -> float: ...
 
 
@@ -51,6 +53,9 @@ class FixedCosts:
     def sync(self, devices: Tuple[int, ...]) -> float:
         return self.sync_s
 
+    def load(self, device: int) -> float:
+        return self.switch_s
+
     def switch(self, device: int) -> float:
         return self.switch_s
 
@@ -60,8 +65,7 @@ class Simulator:
         self.cluster, self.policy, self.costs, self.max_events = cluster, policy, costs, max_events
         self.heap: List[Tuple[float, int, Any]] = []
         self.seq = itertools.count()
-        self.sync_scheduled = False
-        self.switch_scheduled: set = set()
+        self.scheduled: set = set()  # (device, state) whose completion is already on the heap
 
     def push(self, time: float, event: Any) -> None:
         heapq.heappush(self.heap, (time, next(self.seq), event))
@@ -91,20 +95,19 @@ class Simulator:
         elif isinstance(action, ev.Train):
             self.push(now + self.costs.train(action.devices, cluster.batch_chunks(cluster.version)),
                       ev.TrainDone(cluster.version + 1))
-        elif isinstance(action, ev.Sync):
-            self.sync_devices = action.devices
-            self.sync_scheduled = False
+        elif isinstance(action, ev.Sync):  # a background transfer: nobody waits for it
+            self.push(now + self.costs.sync(action.devices), ev.SyncDone(cluster.syncing))
 
     def start_collectives(self, now: float) -> None:
-        """Syncs start when every participant reached its safe point; switches when draining ended."""
-        cluster = self.cluster
-        if cluster.syncing is not None and not self.sync_scheduled:
-            if all(cluster.devices[i].state is DeviceState.SYNCING for i in self.sync_devices):
-                self.sync_scheduled = True
-                self.push(now + self.costs.sync(self.sync_devices), ev.SyncDone(cluster.syncing))
-        for device in cluster.devices:
-            if device.state is DeviceState.SWITCHING and device.index not in self.switch_scheduled:
-                self.switch_scheduled.add(device.index)
+        """Loads and switches start when a device enters SYNCING / SWITCHING (at once or after draining)."""
+        for device in self.cluster.devices:
+            key = (device.index, device.state)
+            if device.state is DeviceState.SWITCHING and key not in self.scheduled:
+                self.scheduled.add(key)
                 self.push(now + self.costs.switch(device.index), ev.SwitchDone(device.index, device.role))
-            elif device.state is not DeviceState.SWITCHING:
-                self.switch_scheduled.discard(device.index)
+            elif device.state is DeviceState.SYNCING and key not in self.scheduled:
+                self.scheduled.add(key)
+                self.push(now + self.costs.load(device.index), ev.LoadDone(device.index, device.loading))
+            for state in (DeviceState.SWITCHING, DeviceState.SYNCING):
+                if device.state is not state:
+                    self.scheduled.discard((device.index, state))
