@@ -132,6 +132,7 @@ class SimConfig:
     policies: List[str] = field(default_factory=lambda: ["verl", "areal", "roll", "streamrl", "verl-dynamic", "bidirl"])
     switch_s: float = 0.5  # one hot role switch (RLinf: "within 1 s")
     reshard_s: float = 1.2  # veRL colocated train -> generation reshard per step (7B, 8xH100)
+    load_s: float = 0.1  # applying staged weights in place in a rollout engine (checkpoint-engine class)
     rollout_efficiency: float = 2.57  # RL rollout vs serving-benchmark decode speed; fitted on case A
     mfu: float = 0.33
     with_reference: bool = False  # a KL reference model adds a 2N forward per token

@@ -20,10 +20,10 @@ State = Dict[str, Any]
 
 # Stages later issues build; a pipeline naming one fails before doing any work.
 NOT_BUILT = {
+    "launch": "the multi-process runtime as a stage; run `bidirl launch PIPELINE` instead",
     "profile": "profiling the performance model",
     "plan": "the scheduling-aware planner",
     "compare": "baseline comparison",
-    "simulate": "the discrete-event cluster simulator",
 }
 
 
@@ -86,7 +86,15 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
             f"curve: {result['learning_curve']}")
 
 
+def stage_simulate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.sim.report import simulate_policies
+
+    results = simulate_policies(cfg, list(cfg.sim.policies), run.path)
+    state["summary"]["simulate"] = [r.row() for r in results]
+
+
 STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
+    "simulate": stage_simulate,
     "prepare_model": stage_prepare_model,
     "evaluate": stage_evaluate,
     "train": stage_train,

@@ -119,16 +119,14 @@ def simulate(
 
     def action() -> None:
         from bidirl.rundir import RunDir
-        from bidirl.sim.report import simulate_policies
+        from bidirl.sim.report import print_table, run_policies, write_outputs
 
         cfg = _config(pipeline, overrides)
         names = [p.strip() for p in policies.split(",")] if policies else list(cfg.sim.policies)
+        results = run_policies(cfg, names)  # before any output exists: bad input leaves nothing behind
+        print_table(cfg, results)
         run = RunDir(cfg)
-        try:
-            results = simulate_policies(cfg, names, run.path)
-        except BaseException:
-            run.finish({"status": "failed"})
-            raise
+        write_outputs(results, run.path)
         run.finish({"status": "ok", "results": [r.row() for r in results]})
 
     _guard(action, debug)

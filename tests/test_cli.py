@@ -37,7 +37,7 @@ def test_help_lists_every_stage_command():
         assert command in result.stdout
 
 
-@pytest.mark.parametrize("command", ["profile", "plan", "compare", "simulate"])
+@pytest.mark.parametrize("command", ["profile", "plan", "compare"])
 def test_commands_not_built_yet_say_so_in_one_line_and_fail(command):
     assert_one_line_error(bidirl(command, "pipelines/cpu-tiny.yaml"), "not built yet", code=3)
 

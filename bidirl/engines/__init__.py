@@ -23,11 +23,12 @@ def build_rollout_engine(cfg: PipelineConfig, model_path: str) -> Any:
     return HFRolloutEngine(model_path, cfg.model.dtype, cfg.seed)
 
 
-def build_train_engine(cfg: PipelineConfig, model_path: str) -> Any:
+def build_train_engine(cfg: PipelineConfig, model_path: str, private_group: bool = False) -> Any:
+    """``private_group``: the engine must not join a torchrun world (the runtime reduces gradients itself)."""
     if cfg.train.engine == "deepspeed":
         from bidirl.engines.deepspeed_train import DeepSpeedTrainEngine
 
-        return DeepSpeedTrainEngine(model_path, cfg)
+        return DeepSpeedTrainEngine(model_path, cfg, private_group)
     from bidirl.engines.torch_train import TorchTrainEngine
 
     return TorchTrainEngine(model_path, cfg)

@@ -6,8 +6,11 @@ minutes. Micro-batches accumulate into one optimizer step by marking only the la
 batch as the gradient-accumulation boundary, so the GRPO batch semantics are the torch engine's.
 
 Without a process group (a single process, as in the synchronous loop) one is created over the
-loopback with world size 1; under torchrun the launcher's group is used. ``train.zero_stage``
-selects ZeRO 0-3.
+loopback with world size 1. In the hot-switch runtime every device worker gets its own world-1
+DeepSpeed engine (``private_group``): the runtime all-reduces gradients itself over its pre-built
+train groups, because train-pool membership changes at run time and DeepSpeed's data-parallel group
+cannot. There ZeRO stage 0 works (gradients stay in ``param.grad``); stages 1-3 keep gradients in
+DeepSpeed's own partitions and are refused by ``bidirl launch``. ``train.zero_stage`` selects ZeRO 0-3.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from bidirl.errors import BidirlError
 
 
 class DeepSpeedTrainEngine(TorchTrainEngine):
-    def __init__(self, model_path: str, cfg: PipelineConfig):
+    def __init__(self, model_path: str, cfg: PipelineConfig, private_group: bool = False):
         super().__init__(model_path, cfg)
         try:
             import deepspeed
         except ImportError:
             raise BidirlError("train.engine=deepspeed needs DeepSpeed: pip install deepspeed") from None
-        _ensure_process_group(cfg.cluster.device_type, deepspeed)
+        _ensure_process_group(cfg.cluster.device_type, deepspeed, private_group)
         config: Dict[str, Any] = {
             "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
             "gradient_accumulation_steps": 1,
@@ -59,10 +62,14 @@ class DeepSpeedTrainEngine(TorchTrainEngine):
         return super().state_dict()
 
 
-def _ensure_process_group(device_type: str, deepspeed: Any) -> None:
+def _ensure_process_group(device_type: str, deepspeed: Any, private: bool = False) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        return
+    if private:  # a world of one on an in-process store (tcp:// would join torchrun's agent store)
+        dist.init_process_group("gloo" if device_type == "cpu" else "nccl", store=dist.HashStore(),
+                                rank=0, world_size=1)
         return
     if "RANK" not in os.environ:  # a lone process: a world of one on the loopback
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",

@@ -108,7 +108,10 @@ class Controller:
     def translate(self, message: Dict[str, Any]) -> Optional[ev.Event]:
         op, device = message["op"], message["device"]
         if op == "chunk_done":
-            self.chunk_samples[message["chunk"]] = message["samples"]
+            groups: Dict[int, list] = {}
+            for sample in message["samples"]:  # one list per prompt group, in prompt order
+                groups.setdefault(sample.prompt_index, []).append(sample)
+            self.chunk_samples[message["chunk"]] = [groups[i] for i in sorted(groups)]
             self.chunk_seconds[message["chunk"]] = message["seconds"]
             return ev.ChunkDone(device, message["chunk"])
         if op == "switch_done":
@@ -162,12 +165,13 @@ class Controller:
 
     def send_train(self, action: ev.Train) -> None:
         k = self.cluster.version
-        chunks = self.cluster.batch_chunks(k)
-        samples = []
-        for chunk in chunks:
-            part = self.chunk_samples.pop(chunk.index)
-            assign_advantages(part, self.cfg.algorithm.std_normalize)  # prompt_index is unique per chunk
-            samples += part
+        samples, rollout_s = [], 0.0
+        for chunk, groups in self.cluster.batch_chunks(k):  # composed by the cluster: B groups, oldest first
+            for _ in range(groups):
+                group = self.chunk_samples[chunk.index].pop(0)
+                assign_advantages(group, self.cfg.algorithm.std_normalize)
+                samples += group
+            rollout_s += self.chunk_seconds[chunk.index] * groups / chunk.groups  # device-seconds
         informative = [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
         total_tokens = max(1, sum(len(s.completion_ids) for s in informative))
         members = list(action.devices)
@@ -187,7 +191,7 @@ class Controller:
             "informative_ratio": len(informative) / len(samples),
             "staleness_mean": sum((k - s.version) for s in samples) / len(samples),
             "staleness_max": max(k - s.version for s in samples),
-            "rollout_s": round(sum(self.chunk_seconds.pop(c.index) for c in chunks), 4),  # device-seconds
+            "rollout_s": round(rollout_s, 4),
             "train_devices": len(members), "samples": len(samples),
             "tokens": sum(len(s.completion_ids) for s in samples)}
 

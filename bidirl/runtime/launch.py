@@ -46,6 +46,10 @@ def check_plan(cfg: PipelineConfig) -> None:
         partition(build_policy(cfg.launch.mode), cfg.cluster.devices, cfg.cluster.rollout_devices)
     except ValueError as exc:
         raise BidirlError(str(exc)) from None
+    if cfg.train.engine == "deepspeed" and cfg.train.zero_stage > 0 and cfg.cluster.devices > 1:
+        raise BidirlError(f"bidirl launch supports train.engine=deepspeed with train.zero_stage=0, got "
+                          f"{cfg.train.zero_stage}: ZeRO 1-3 keep gradients inside DeepSpeed's partitions, and the "
+                          "runtime reduces gradients itself over train pools that change at run time")
 
 
 def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology) -> int:

@@ -53,7 +53,7 @@ class Worker:
         groups_s = time.perf_counter() - start
         own_seed = dataclasses.replace(cfg, seed=cfg.seed + 1000 * device)  # distinct sampling per device
         self.rollout = rollout or build_rollout_engine(own_seed, model_path)
-        self.train = build_train_engine(cfg, model_path)
+        self.train = build_train_engine(cfg, model_path, private_group=store is not None)
         self.params = [p for p in self.train.model.parameters()]
         self.home = plan["roles"][device]
         self.staged: Dict[int, Any] = {}  # version -> flat weights received in the background

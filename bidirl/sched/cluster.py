@@ -3,12 +3,13 @@
 Both drivers apply the same actions and completions to a :class:`Cluster`, so the trace, the staleness
 accounting and the invariants are the same whether the work was real or simulated.
 
-Batches and staleness. Prompt groups get sequence numbers in the order they are admitted; batch ``k``
-is groups ``[k*B, (k+1)*B)`` (chunks never straddle a batch boundary) and is trained from version ``k``,
-producing version ``k+1``. A chunk started with weights of version ``v`` is admitted only if
-``admitted + n <= (v + eta + 1) * B``, so every group of it lands in a batch ``k <= v + eta``:
-**staleness k - v never exceeds eta**, and eta = 0 is on-policy. (A chunk whose device loads newer
-weights mid-way is counted at its start version: the bound stays conservative.)
+Batches and staleness. Batch ``k`` is trained from version ``k`` and produces version ``k+1``. A chunk
+of ``n`` prompt groups started with weights of version ``v`` is admitted only if
+``admitted + n <= (v + eta + 1) * B`` (AReaL's admission rule). Batch ``k`` takes ``B`` *completed*
+groups, oldest version first (completion order, so one slow sequence does not hold up the rest), but
+it waits while any group of version ``<= k - eta`` is unfinished: those are due. At most ``B`` groups
+can be due (admission counted them), so **staleness k - v never exceeds eta**; eta = 0 is on-policy.
+(A chunk whose device loads newer weights mid-way is counted at its start version: conservative.)
 
 Weights move in two phases, so the trainers never wait for a rollout device's safe point:
   1. ``Sync`` -- the primary trainer publishes the newest version; it is transferred in the background
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from bidirl.sched import events as ev
 from bidirl.sched.roles import Device, DeviceState, Role
@@ -65,7 +66,9 @@ class Cluster:
         self.syncing: Optional[int] = None  # version being transferred
         self.admitted = 0
         self.chunks: List[Chunk] = []
-        self.by_batch: Dict[int, List[Chunk]] = {}
+        self.completed: List[List[int]] = []  # [chunk, groups not yet trained, version], oldest first
+        self.unfinished: Counter = Counter()  # version -> chunks of that version still generating
+        self.batch_parts: Dict[int, List[Tuple[int, int]]] = {}  # batch -> [(chunk, groups)]
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
         self.training: Optional[ev.Train] = None
         self.trace: List[dict] = []
@@ -87,9 +90,8 @@ class Cluster:
                 and all(d.idle and not d.lent and not d.after_work for d in self.devices))
 
     def next_chunk_size(self, limit: int = 0) -> int:
-        """Groups of the next chunk: at most ``limit`` (default ``chunk_groups``), never straddling a batch."""
-        room = self.B - self.admitted % self.B
-        return min(limit or self.chunk_groups, room, self.steps * self.B - self.admitted)
+        """Groups of the next chunk: at most ``limit`` (default ``chunk_groups``) and what is left to admit."""
+        return min(limit or self.chunk_groups, self.steps * self.B - self.admitted)
 
     def can_admit(self, device: Device, groups: int) -> bool:
         return groups > 0 and self.admitted + groups <= min((device.version + self.eta + 1) * self.B,
@@ -101,14 +103,16 @@ class Cluster:
         return (working and device.role is Role.ROLLOUT and not device.after_work
                 and self.inflight[device.index] + groups <= self.inflight_groups)
 
-    def batch_chunks(self, k: int) -> List[Chunk]:
-        return self.by_batch.get(k, [])
+    def batch_chunks(self, k: int) -> List[Tuple[Chunk, int]]:
+        """The chunks batch ``k`` took groups from, with how many groups each."""
+        return [(self.chunks[c], n) for c, n in self.batch_parts.get(k, [])]
 
     def batch_ready(self) -> bool:
         k = self.version
-        chunks = self.batch_chunks(k)
-        return (k < self.steps and self.training is None and sum(c.groups for c in chunks) == self.B
-                and all(c.done for c in chunks))
+        if k >= self.steps or self.training is not None:
+            return False
+        due_unfinished = any(count and version <= k - self.eta for version, count in self.unfinished.items())
+        return not due_unfinished and sum(entry[1] for entry in self.completed) >= self.B
 
     def needs_load(self, device: Device) -> bool:
         return device.version < self.published and "load" not in device.after_work
@@ -133,10 +137,9 @@ class Cluster:
     def _start_chunk(self, device: Device, groups: int) -> Chunk:
         assert self.can_admit(device, groups), f"admission would exceed eta={self.eta} on device {device.index}"
         assert self.has_room(device, groups), f"device {device.index} cannot take {groups} more groups now"
-        assert self.admitted // self.B == (self.admitted + groups - 1) // self.B, "chunk straddles a batch"
         chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
         self.chunks.append(chunk)
-        self.by_batch.setdefault(chunk.first // self.B, []).append(chunk)
+        self.unfinished[chunk.version] += 1
         self.admitted += groups
         self.inflight[device.index] += groups
         if device.state is S.IDLE:
@@ -146,13 +149,30 @@ class Cluster:
         return chunk
 
     def _start_train(self, action: ev.Train) -> None:
-        assert self.batch_ready(), "a batch is trained only when all its groups are done"
+        assert self.batch_ready(), "a batch is trained only when B groups are done and none is overdue"
         assert self.primary in action.devices, "the primary trainer always takes part: it owns the optimizer"
         self.training = action
+        parts = self._compose_batch(self.version)
+        low, high = min(self.chunks[c].version for c, _ in parts), max(self.chunks[c].version for c, _ in parts)
         for index in action.devices:
             device = self.devices[index]
             assert device.version == self.version, f"device {index} would compute gradients on stale weights"
-            device.transition(S.TRAINING, self.now, f"batch {self.version}", self._log)
+            device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high})", self._log)
+
+    def _compose_batch(self, k: int) -> List[Tuple[int, int]]:
+        """Takes B completed groups, oldest version first (all overdue ones are among them)."""
+        self.completed.sort(key=lambda entry: (entry[2], entry[0]))
+        parts, need = [], self.B
+        while need:
+            entry = self.completed[0]
+            take = min(need, entry[1])
+            parts.append((entry[0], take))
+            entry[1] -= take
+            need -= take
+            if entry[1] == 0:
+                self.completed.pop(0)
+        self.batch_parts[k] = parts
+        return parts
 
     def _start_load(self, device: Device) -> None:
         assert device.version < self.published, f"device {device.index} has nothing newer to load"
@@ -178,6 +198,8 @@ class Cluster:
         if isinstance(event, ev.ChunkDone):
             chunk = self.chunks[event.chunk]
             chunk.done = True
+            self.unfinished[chunk.version] -= 1
+            self.completed.append([chunk.index, chunk.groups, chunk.version])
             self.inflight[event.device] -= chunk.groups
             device = self.devices[event.device]
             if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
@@ -203,10 +225,10 @@ class Cluster:
     def _finish_train(self, event: ev.TrainDone) -> None:
         k = self.version
         assert event.version == k + 1, "versions advance by one per optimizer step"
-        for chunk in self.batch_chunks(k):
+        for chunk, groups in self.batch_chunks(k):
             assert 0 <= k - chunk.version <= self.eta, f"staleness {k - chunk.version} exceeds eta={self.eta}"
-            self.staleness[k - chunk.version] += chunk.groups
-            self.trained_groups += chunk.groups
+            self.staleness[k - chunk.version] += groups
+            self.trained_groups += groups
         self.version = event.version
         trainers, self.training = self.training.devices, None
         for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;

@@ -35,7 +35,7 @@ class Policy:
     def homes(self, devices: int, rollout_devices: int) -> List[Role]:
         """The home pool of each device (the partition this policy starts from)."""
         if not 0 < rollout_devices < devices:
-            raise ValueError(f"launch.mode={self.name} needs 1..{devices - 1} rollout devices "
+            raise ValueError(f"policy '{self.name}' needs 1..{devices - 1} rollout devices "
                              f"of cluster.devices={devices}, got {rollout_devices}")
         return [Role.ROLLOUT] * rollout_devices + [Role.TRAIN] * (devices - rollout_devices)
 
@@ -54,13 +54,25 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
 
 def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action], chunk: int = 0) -> None:
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
-    with room, while the staleness bound allows."""
-    for device in devices:
-        while True:
-            groups = cluster.next_chunk_size(chunk)
-            if not (cluster.has_room(device, groups) and cluster.can_admit(device, groups)):
-                break
-            issue(cluster, actions, ev.Generate(device.index, groups))
+    with room, least-loaded first, while the staleness bound allows."""
+    candidates = [d for d in devices if d.role is Role.ROLLOUT]
+    if not candidates:
+        return
+    # no device takes more than its fair share of the work that may be outstanding now, so that a
+    # device that becomes free a moment before the others does not swallow the whole batch
+    admissible = min((cluster.version + cluster.eta + 1) * cluster.B, cluster.steps * cluster.B) - cluster.admitted
+    # devices serving rollout now or soon: switching in, or at home in the rollout pool but lent out
+    serving = [d for d in cluster.devices if d.role is Role.ROLLOUT or d.home is Role.ROLLOUT]
+    outstanding = admissible + sum(cluster.inflight[d.index] for d in serving)
+    share = max(chunk or cluster.chunk_groups, -(-outstanding // len(serving)))
+    while True:
+        groups = cluster.next_chunk_size(chunk)
+        ready = [d for d in candidates if cluster.has_room(d, groups) and cluster.can_admit(d, groups)
+                 and cluster.inflight[d.index] + groups <= share]
+        if not ready:
+            return
+        device = min(ready, key=lambda d: cluster.inflight[d.index])
+        issue(cluster, actions, ev.Generate(device.index, groups))
 
 
 def admission_blocked(cluster: Cluster, device) -> bool:
@@ -94,8 +106,8 @@ class SyncPolicy(Policy):
             if cluster.batch_ready() and all(d.idle for d in devices):
                 for d in devices:
                     issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "batch complete"))
-            else:
-                fill_rollout(cluster, devices, actions)
+            elif all(d.state in (DeviceState.IDLE, DeviceState.GENERATING) for d in devices):
+                fill_rollout(cluster, devices, actions)  # once every device has switched
         elif all(d.idle for d in devices):
             if cluster.batch_ready():
                 issue(cluster, actions, ev.Train(tuple(d.index for d in devices)))
@@ -131,7 +143,8 @@ class AsyncPolicy(Policy):
     def ready_to_train(cluster: Cluster, trainers: Sequence) -> bool:
         joining = any((d.state is DeviceState.SWITCHING and d.role is Role.TRAIN)
                       or (d.state is DeviceState.DRAINING and d.role is Role.ROLLOUT) for d in cluster.devices)
-        return not joining and all(d.idle and d.version == cluster.version for d in trainers)
+        home_back = all(d.role is Role.TRAIN for d in cluster.pool(Role.TRAIN))  # trainer leases ended
+        return home_back and not joining and all(d.idle and d.version == cluster.version for d in trainers)
 
 
 class AsyncLendPolicy(AsyncPolicy):

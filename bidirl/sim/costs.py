@@ -1,7 +1,8 @@
 """The calibrated cost model the simulator uses: workload lengths + analytic performance model.
 
-It also keeps the device-seconds of all useful work, from which the ideal step time
-tau* = (R + T) / G follows (R, T: rollout and training device-seconds per step, G devices).
+Rollout runs on one continuous-batching :class:`~bidirl.sim.instance.Instance` per device. Training,
+background weight transfer, load and switch are timed from :class:`~bidirl.sim.perf.PerfModel`. It also
+keeps the device-seconds of useful work, from which the ideal step time tau* = (R + T) / G follows.
 """
 
 from __future__ import annotations
@@ -11,38 +12,46 @@ from typing import Dict, List, Tuple
 
 from bidirl.sched.borrowing import Estimates
 from bidirl.sched.cluster import Chunk
+from bidirl.sim.instance import Instance
 from bidirl.sim.perf import PerfModel
 from bidirl.sim.workload import Workload
 
 
 class CalibratedCosts:
     def __init__(self, perf: PerfModel, workload: Workload, group_size: int, steps: int, seed: int,
-                 switch_s: float, sync_free: bool = False):
+                 switch_s: float, load_s: float):
         self.perf, self.workload, self.G, self.steps = perf, workload, group_size, steps
         self.rng = random.Random(seed)
-        self.switch_s, self.sync_free = switch_s, sync_free
+        self.switch_s, self.load_s = switch_s, load_s
         self.chunk_tokens: Dict[int, int] = {}
-        self.rollout_device_s = 0.0
         self.train_device_s = 0.0
         self.switches = 0
+        self.context = workload.prompt_tokens + workload.mean_tokens / 2  # mean context while decoding
 
-    def generate(self, chunk: Chunk) -> float:
+    def make_instance(self) -> Instance:
+        perf = self.perf
+        efficiency = perf.rollout_efficiency
+        prefill = 2 * perf.model.params * self.workload.prompt_tokens / (perf.mfu * perf.hardware.peak_flops)
+        return Instance(perf.step_intercept * efficiency, perf.step_slope(self.context) * efficiency,
+                        perf.max_concurrency(self.context), prefill * efficiency)
+
+    def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
         for _ in range(chunk.groups):
             lengths += self.workload.group_lengths(self.rng, self.G, chunk.version, self.steps)
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
-        seconds = self.perf.generate_seconds(lengths, self.workload.prompt_tokens)
-        self.rollout_device_s += seconds
-        return seconds
+        return lengths
 
-    def train(self, devices: Tuple[int, ...], batch: List[Chunk]) -> float:
-        tokens = sum(self.chunk_tokens[c.index] for c in batch)
-        seconds = self.perf.train_seconds(tokens, len(devices))
+    def train(self, devices: Tuple[int, ...], batch: List[Tuple[Chunk, int]]) -> float:
+        tokens = sum(self.chunk_tokens[c.index] * groups / c.groups for c, groups in batch)
         self.train_device_s += self.perf.train_seconds(tokens, 1)  # useful work, without communication
-        return seconds
+        return self.perf.train_seconds(tokens, len(devices))
 
     def sync(self, devices: Tuple[int, ...]) -> float:
-        return 0.0 if self.sync_free else self.perf.sync_seconds(len(devices))
+        return self.perf.sync_seconds(len(devices) + 1)
+
+    def load(self, device: int) -> float:
+        return self.load_s
 
     def switch(self, device: int) -> float:
         self.switches += 1
@@ -52,14 +61,16 @@ class CalibratedCosts:
         return sum(self.chunk_tokens.values())
 
 
-def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, chunk_groups: int,
+def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, devices: int,
               switch_s: float, seed: int = 12345) -> Estimates:
-    """What a profiler would report: per-group generation time at chunk scale, T, switch and transfer."""
-    rng = random.Random(seed)
-    lengths: List[int] = []
-    for _ in range(chunk_groups):
-        lengths += workload.group_lengths(rng, group_size, 0, 1)
-    per_group = perf.generate_seconds(lengths, workload.prompt_tokens) / chunk_groups
-    mean_tokens = sum(lengths) / len(lengths) + workload.prompt_tokens
+    """What a profiler would report: device-seconds per group when a device holds its share of a
+    batch, T for a batch on one device, switch and gradient-transfer costs."""
+    costs = CalibratedCosts(perf, workload, group_size, 1, seed, switch_s, 0.0)
+    instance = costs.make_instance()
+    share = max(1, batch_groups // max(1, devices // 2))
+    instance.admit(0.0, 0, costs.lengths(Chunk(0, 0, 0, share, 0)))
+    while instance.next_finish() is not None:
+        instance.finish_due(instance.next_finish())
+    mean_tokens = costs.chunk_tokens[0] / (share * group_size)
     train = perf.train_seconds(batch_groups * group_size * mean_tokens, 1)
-    return Estimates(per_group, train, switch_s, perf.model.weight_bytes / perf.hardware.link_bw)
+    return Estimates(instance.clock / share, train, switch_s, perf.model.weight_bytes / perf.hardware.link_bw)

@@ -14,15 +14,21 @@ from bidirl.ui import console, say
 
 
 def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path) -> List[SimResult]:
+    results = run_policies(cfg, policies)
+    print_table(cfg, results)
+    write_outputs(results, out)
+    return results
+
+
+def run_policies(cfg: PipelineConfig, policies: Sequence[str]) -> List[SimResult]:
+    """Every policy on the configured cluster; a bad policy name or split is one BidirlError."""
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown:
         raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(POLICY_NAMES)})")
     try:
         results = [simulate(cfg, name, keep_trace=cfg.sim.gantt) for name in policies]
-    except ValueError as exc:
-        raise BidirlError(str(exc)) from None
-    print_table(cfg, results)
-    write_outputs(results, out)
+    except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
+        raise BidirlError(f"simulate: {exc}") from None
     return results
 
 

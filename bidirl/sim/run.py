@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.sched.cluster import Cluster
@@ -60,21 +60,24 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     perf, workload = perf_model(cfg), preset(cfg.sim.workload)
     B, G, devices = cfg.train.prompts_per_step, cfg.rollout.group_size, cfg.cluster.devices
     chunk = cfg.launch.chunk_groups
-    est = estimates(perf, workload, G, B, chunk, cfg.sim.switch_s)
+    est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s)
     policy = build_policy(policy_name, est, B)
     eta = cfg.algorithm.staleness if eta is None else eta
     eta = 0 if policy.synchronous else eta
     if rollout_devices is None:
         rollout_devices = cfg.cluster.rollout_devices or policy.default_rollout_devices(devices)
-    homes = policy.homes(devices, rollout_devices) if devices > 1 else [Role.TRAIN]
-    colocated = policy.synchronous
+    homes = policy.homes(devices, rollout_devices)
+    colocated = policy.synchronous  # veRL's two switches per step add up to its reshard time
     costs = CalibratedCosts(perf, workload, G, cfg.train.steps, cfg.seed,
-                            switch_s=cfg.sim.reshard_s / 2 if colocated else cfg.sim.switch_s, sync_free=colocated)
-    cluster = Cluster(homes, B, eta, cfg.train.steps, chunk)
-    Simulator(cluster, policy, costs).run()
+                            switch_s=cfg.sim.reshard_s / 2 if colocated else cfg.sim.switch_s, load_s=cfg.sim.load_s)
+    capacity_groups = max(chunk, -(-costs.make_instance().capacity // G))
+    cluster = Cluster(homes, B, eta, cfg.train.steps, chunk, inflight_groups=capacity_groups, interruptible=True)
+    simulator = Simulator(cluster, policy, costs)
+    simulator.run()
     makespan = cluster.now
     samples = cluster.trained_groups * G
-    ideal = (costs.rollout_device_s + costs.train_device_s) / devices / cfg.train.steps
+    rollout_device_s = sum(i.busy_s for i in simulator.instances.values())
+    ideal = (rollout_device_s + costs.train_device_s) / devices / cfg.train.steps
     homes_map = {d.index: d.home.value for d in cluster.devices}
     return SimResult(policy_name, eta, sum(h is Role.ROLLOUT for h in homes), devices, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / cfg.train.steps, ideal,

@@ -1,13 +1,19 @@
 """The discrete-event driver: a heap of (time, seq, event); policies decide, cost models time the work.
 
     push Started at t=0
-    while heap:                                  # a dozen lines, vidur-style
+    while heap:                                   # vidur-style
         t, _, event = pop()
-        cluster.now = t; cluster.complete(event)  # shared bookkeeping (skipped for Started)
-        for action in policy.decide(event, cluster):
-            schedule completion of action        # ChunkDone / TrainDone at t + cost
-        schedule syncs whose participants all arrived, and switches that began
+        if event is an instance tick: event -> the ChunkDone of every chunk whose last sequence ended
+        for each public event:
+            cluster.complete(event)                # shared bookkeeping (skipped for Started)
+            for action in policy.decide(event, cluster):
+                start it: a chunk joins its device's instance, a train step / transfer is timed
+            loads and switches begin when a device enters SYNCING / SWITCHING
+        re-schedule the next finish of every instance that changed
 
+Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
+with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
+share the decode batch and a weight load pauses decoding instead of waiting for a chunk to end.
 Deterministic: ties break by sequence number, and cost models draw from their own seeded RNG.
 """
 
@@ -16,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Any, List, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Chunk, Cluster
@@ -24,9 +30,7 @@ from bidirl.sched.roles import DeviceState
 
 
 class CostModel(Protocol):
-    def generate(self, chunk: Chunk) -> float: ...
-
-    def train(self, devices: Tuple[int, ...], batch: List[Chunk]) -> float: ...
+    def train(self, devices: Tuple[int, ...], batch: List[Tuple[Chunk, int]]) -> float: ...
 
     def sync(self, devices: Tuple[int, ...]) -> float: ...
 
@@ -47,7 +51,7 @@ class FixedCosts:
     def generate(self, chunk: Chunk) -> float:
         return self.generate_per_group * chunk.groups
 
-    def train(self, devices: Tuple[int, ...], batch: List[Chunk]) -> float:
+    def train(self, devices: Tuple[int, ...], batch: List[Tuple[Chunk, int]]) -> float:
         return self.train_step / len(devices)
 
     def sync(self, devices: Tuple[int, ...]) -> float:
@@ -60,12 +64,25 @@ class FixedCosts:
         return self.switch_s
 
 
+@dataclass(frozen=True)
+class Tick:
+    """Internal: an instance's next sequence finish (ignored if the instance changed since)."""
+
+    device: int
+    epoch: int
+
+
 class Simulator:
-    def __init__(self, cluster: Cluster, policy: Any, costs: CostModel, max_events: int = 10_000_000):
+    def __init__(self, cluster: Cluster, policy: Any, costs: Any, max_events: int = 50_000_000):
         self.cluster, self.policy, self.costs, self.max_events = cluster, policy, costs, max_events
         self.heap: List[Tuple[float, int, Any]] = []
         self.seq = itertools.count()
         self.scheduled: set = set()  # (device, state) whose completion is already on the heap
+        continuous = hasattr(costs, "make_instance")
+        self.instances = {d.index: costs.make_instance() for d in cluster.devices} if continuous else None
+        self.ticked: Dict[int, int] = {}
+        self.started_chunks = 0
+        self.dirty: set = set()
 
     def push(self, time: float, event: Any) -> None:
         heapq.heappush(self.heap, (time, next(self.seq), event))
@@ -77,28 +94,50 @@ class Simulator:
                 break
             now, _, event = heapq.heappop(self.heap)
             self.cluster.now = now
-            if not isinstance(event, ev.Started):
-                self.cluster.complete(event)
-            for action in self.policy.decide(event, self.cluster):
-                self.start(action, now)
-            self.start_collectives(now)
+            if isinstance(event, Tick):
+                instance = self.instances[event.device]
+                if event.epoch != instance.epoch:
+                    continue
+                for chunk in instance.finish_due(now):
+                    self.handle(ev.ChunkDone(event.device, chunk), now)
+                self.dirty.add(event.device)
+            else:
+                self.handle(event, now)
+            self.reschedule_ticks()
         if not self.cluster.finished:
             raise RuntimeError(f"simulation stalled at t={self.cluster.now:.3f} after version "
                                f"{self.cluster.version}/{self.cluster.steps}: the policy started nothing")
         return self.cluster
 
+    def handle(self, event: Any, now: float) -> None:
+        if isinstance(event, ev.SwitchDone):
+            self.scheduled.discard((event.device, DeviceState.SWITCHING))
+        elif isinstance(event, ev.LoadDone):
+            self.scheduled.discard((event.device, DeviceState.SYNCING))
+        if not isinstance(event, ev.Started):
+            self.cluster.complete(event)
+        for action in self.policy.decide(event, self.cluster):
+            self.start(action, now)
+        self.start_transitions(now)
+
     def start(self, action: ev.Action, now: float) -> None:
         cluster = self.cluster
         if isinstance(action, ev.Generate):
-            chunk = next(c for c in reversed(cluster.chunks) if c.device == action.device and not c.done)
-            self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
+            chunk = cluster.chunks[self.started_chunks]  # actions come in the order the policy applied them
+            self.started_chunks += 1
+            assert chunk.device == action.device
+            if self.instances is None:
+                self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
+            else:
+                self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk))
+                self.dirty.add(action.device)
         elif isinstance(action, ev.Train):
             self.push(now + self.costs.train(action.devices, cluster.batch_chunks(cluster.version)),
-                      ev.TrainDone(cluster.version + 1))
+                      ev.TrainDone(cluster.version + 1))  # apply() composed the batch already
         elif isinstance(action, ev.Sync):  # a background transfer: nobody waits for it
             self.push(now + self.costs.sync(action.devices), ev.SyncDone(cluster.syncing))
 
-    def start_collectives(self, now: float) -> None:
+    def start_transitions(self, now: float) -> None:
         """Loads and switches start when a device enters SYNCING / SWITCHING (at once or after draining)."""
         for device in self.cluster.devices:
             key = (device.index, device.state)
@@ -107,7 +146,20 @@ class Simulator:
                 self.push(now + self.costs.switch(device.index), ev.SwitchDone(device.index, device.role))
             elif device.state is DeviceState.SYNCING and key not in self.scheduled:
                 self.scheduled.add(key)
-                self.push(now + self.costs.load(device.index), ev.LoadDone(device.index, device.loading))
+                seconds = self.costs.load(device.index)
+                if self.instances is not None and self.cluster.inflight[device.index]:
+                    self.instances[device.index].pause(now, seconds)  # interrupted mid-generation
+                    self.dirty.add(device.index)
+                self.push(now + seconds, ev.LoadDone(device.index, device.loading))
             for state in (DeviceState.SWITCHING, DeviceState.SYNCING):
                 if device.state is not state:
                     self.scheduled.discard((device.index, state))
+
+    def reschedule_ticks(self) -> None:
+        for index in self.dirty:
+            instance = self.instances[index]
+            when: Optional[float] = instance.next_finish()
+            if when is not None and self.ticked.get(index) != instance.epoch:
+                self.ticked[index] = instance.epoch
+                self.push(when, Tick(index, instance.epoch))
+        self.dirty.clear()
