@@ -93,9 +93,12 @@ class Cluster:
         """Groups of the next chunk: at most ``limit`` (default ``chunk_groups``) and what is left to admit."""
         return min(limit or self.chunk_groups, self.steps * self.B - self.admitted)
 
+    def admissible(self, device: Device) -> int:
+        """Groups ``device`` may still start with the weights it holds without breaking the bound."""
+        return min((device.version + self.eta + 1) * self.B, self.steps * self.B) - self.admitted
+
     def can_admit(self, device: Device, groups: int) -> bool:
-        return groups > 0 and self.admitted + groups <= min((device.version + self.eta + 1) * self.B,
-                                                            self.steps * self.B)
+        return 0 < groups <= self.admissible(device)
 
     def has_room(self, device: Device, groups: int) -> bool:
         """May ``device`` take ``groups`` more groups now (serving rollout, nothing queued, capacity left)?"""

@@ -66,17 +66,17 @@ def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action], 
     outstanding = admissible + sum(cluster.inflight[d.index] for d in serving)
     share = max(chunk or cluster.chunk_groups, -(-outstanding // len(serving)))
     while True:
-        groups = cluster.next_chunk_size(chunk)
-        ready = [d for d in candidates if cluster.has_room(d, groups) and cluster.can_admit(d, groups)
-                 and cluster.inflight[d.index] + groups <= share]
+        sizes = {d.index: min(cluster.next_chunk_size(chunk), cluster.admissible(d)) for d in candidates}
+        ready = [d for d in candidates if cluster.has_room(d, sizes[d.index]) and cluster.can_admit(d, sizes[d.index])
+                 and cluster.inflight[d.index] + sizes[d.index] <= share]
         if not ready:
             return
         device = min(ready, key=lambda d: cluster.inflight[d.index])
-        issue(cluster, actions, ev.Generate(device.index, groups))
+        issue(cluster, actions, ev.Generate(device.index, sizes[device.index]))
 
 
 def admission_blocked(cluster: Cluster, device) -> bool:
-    return not cluster.can_admit(device, cluster.next_chunk_size())
+    return cluster.admissible(device) <= 0 and cluster.admitted < cluster.steps * cluster.B
 
 
 def publish_and_load(cluster: Cluster, actions: List[ev.Action]) -> None:

@@ -33,8 +33,11 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str]) -> List[SimResult
 
 
 def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
+    """The results go to stdout (progress and notes go to stderr), wide enough not to truncate."""
+    from rich.console import Console
     from rich.table import Table
 
+    out = Console(width=None if console.is_terminal else 160)
     sim = cfg.sim
     table = Table(title=f"{cfg.cluster.devices} x {sim.hardware}, {sim.model}, {sim.workload}, "
                         f"{cfg.train.steps} steps of {cfg.train.prompts_per_step}x{cfg.rollout.group_size}")
@@ -47,7 +50,7 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
                       f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
                       f"{r.efficiency:.2f}", f"{r.idle_ratio.get('rollout', 0.0):.1%}",
                       f"{r.idle_ratio.get('train', 0.0):.1%}", str(r.switches))
-    console.print(table)
+    out.print(table)
 
 
 def write_outputs(results: List[SimResult], out: Path) -> Dict[str, str]:

@@ -1,0 +1,107 @@
+"""The simulator: continuous-batching instances, determinism, invariants under every policy, the CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bidirl.config import load_config
+from bidirl.sched.policies import POLICY_NAMES
+from bidirl.sim.instance import Instance
+from bidirl.sim.run import best_static_split, simulate
+
+SMALL_CLUSTER = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
+                 "launch.chunk_groups=8"]
+
+
+def small(*overrides):
+    return load_config("pipelines/sim-32gpu.yaml", [*SMALL_CLUSTER, *overrides])
+
+
+def drain(instance):
+    finished = []
+    while instance.next_finish() is not None:
+        finished += instance.finish_due(instance.next_finish())
+    return finished
+
+
+def test_instance_finishes_short_sequences_first_and_the_tail_runs_alone():
+    instance = Instance(step_a=0.01, step_b=0.001, capacity=100, prefill_s_per_seq=0.0)
+    instance.admit(0.0, chunk=0, lengths=[10])
+    instance.admit(0.0, chunk=1, lengths=[100])
+    assert drain(instance) == [0, 1]
+    # 10 steps at batch 2, then 90 steps alone
+    assert instance.clock == pytest.approx(10 * (0.01 + 0.002) + 90 * (0.01 + 0.001))
+
+
+def test_instance_queues_beyond_kv_capacity_and_a_pause_delays_everything():
+    free = Instance(0.01, 0.0, capacity=1, prefill_s_per_seq=0.0)
+    free.admit(0.0, 0, [10, 10])
+    drain(free)
+    assert free.clock == pytest.approx(0.2)  # one at a time
+    paused = Instance(0.01, 0.0, capacity=1, prefill_s_per_seq=0.0)
+    paused.admit(0.0, 0, [10, 10])
+    paused.pause(0.05, 1.0)
+    drain(paused)
+    assert paused.clock == pytest.approx(1.2)
+
+
+def test_simulation_is_deterministic_for_a_seed():
+    first, second = simulate(small(), "bidirl"), simulate(small(), "bidirl")
+    assert first.row() | {"sim_seconds": 0} == second.row() | {"sim_seconds": 0}
+    other = simulate(small("seed=1"), "bidirl")
+    assert other.makespan_s != first.makespan_s
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("workload", ["gsm8k", "reasoning"])
+def test_every_policy_trains_every_group_once_within_the_staleness_bound(policy, workload):
+    result = simulate(small(f"sim.workload={workload}", "algorithm.staleness=1"), policy, keep_trace=True)
+    cluster = result.cluster
+    assert cluster.trained_groups == cluster.admitted == 6 * 64
+    assert max(result.staleness) <= result.eta
+    assert all(d.role is d.home and d.idle for d in cluster.devices)  # every lease ended
+    assert 0 < result.efficiency <= 1.0 + 1e-9
+
+
+def test_colocated_sync_is_on_policy_whatever_the_configured_staleness():
+    result = simulate(small("algorithm.staleness=4"), "verl")
+    assert result.eta == 0 and set(result.staleness) == {0}
+
+
+def test_the_tuned_static_split_is_the_best_areal_split():
+    best = best_static_split(small(), 1)
+    for rollout in range(1, 8):
+        assert simulate(small(), "areal", 1, rollout).samples_per_s <= best.samples_per_s + 1e-9
+
+
+def test_simulate_cli_prints_a_table_and_writes_gantts_and_a_bar_chart(tmp_path):
+    bidirl = str(Path(sys.executable).with_name("bidirl"))
+    result = subprocess.run([bidirl, "simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,areal,bidirl",
+                             *SMALL_CLUSTER, f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "samples/s" in result.stderr + result.stdout
+    (run,) = tmp_path.iterdir()
+    for name in ("gantt-verl.png", "gantt-areal.png", "gantt-bidirl.png", "throughput.png", "trace-bidirl.jsonl"):
+        assert (run / name).stat().st_size > 0, name
+    rows = json.loads((run / "results.json").read_text())
+    assert [r["policy"] for r in rows] == ["verl", "areal", "bidirl"]
+
+
+def test_an_unknown_policy_is_one_line_and_leaves_no_run_directory(tmp_path):
+    bidirl = str(Path(sys.executable).with_name("bidirl"))
+    result = subprocess.run([bidirl, "simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,nope",
+                             f"output_dir={tmp_path}/out"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip().startswith("error: unknown policy 'nope'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_case_a_calibration_stays_within_fifteen_percent_of_the_published_step():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "sim_validation"))
+    from validate import case_a
+
+    for line in case_a()[2:]:
+        error = float(line.split("|")[4].strip().rstrip("%"))
+        assert abs(error) <= 15.0, line
