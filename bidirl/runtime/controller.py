@@ -269,13 +269,21 @@ class Controller:
         reports = self.reports["switch"]
         if not reports:
             return {"count": 0}
-        ms = lambda values: round(1000 * median(values), 2)  # noqa: E731
-        return {"count": len(reports), "drain_median_ms": ms(o["drain_s"] for o in observed),
-                "weight_load_median_ms": ms(r["load_s"] for r in reports),
-                "group_join_median_ms": ms(r["join_s"] for r in reports),
-                "worker_switch_median_ms": ms(r["seconds"] for r in reports),
-                "total_median_ms": ms(o["switch_s"] for o in observed),
-                "first_work_median_ms": ms(o["first_work_s"] for o in observed)}
+        ms = lambda values: round(1000 * median(list(values)), 2)  # noqa: E731
+        figures: Dict[str, Any] = {"count": len(reports)}
+        for role in ("rollout", "train"):  # into rollout a switch loads weights; into training it joins groups
+            mine = [r for r in reports if r["role"] == role]
+            seen = [o for o in observed if o["to"] == role]
+            if mine:
+                figures[f"to_{role}"] = {
+                    "count": len(mine), "drain_median_ms": ms(o["drain_s"] for o in seen),
+                    "weight_load_median_ms": ms(r["load_s"] for r in mine),
+                    "group_join_median_ms": ms(r["join_s"] for r in mine),
+                    "worker_median_ms": ms(r["seconds"] for r in mine),
+                    "observed_median_ms": ms(o["switch_s"] for o in seen),
+                    "first_work_median_ms": ms(o["first_work_s"] for o in seen)}
+        figures["total_median_ms"] = ms(o["switch_s"] for o in observed)
+        return figures
 
     def stop_workers(self) -> None:
         for device in range(self.devices):

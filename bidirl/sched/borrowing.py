@@ -110,19 +110,26 @@ class VerlDynamicPolicy(AsyncPolicy):
 
 
 class BidirlPolicy(VerlDynamicPolicy):
+    """Both directions; ``rollout_on_train``/``train_on_rollout`` switch each off for ablations."""
+
     name = "bidirl"
 
-    def __init__(self, estimates: Estimates, batch_groups: int):
+    def __init__(self, estimates: Estimates, batch_groups: int, rollout_on_train: bool = True,
+                 train_on_rollout: bool = True):
         super().__init__(estimates)
         self.batch_groups = batch_groups
+        self.rollout_on_train, self.train_on_rollout = rollout_on_train, train_on_rollout
 
     def default_rollout_devices(self, devices: int) -> int:
         return balanced_split(devices, self.estimates, self.batch_groups)  # the planner's job; balanced for now
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        super().before_training(cluster, actions)
+        self.end_trainer_leases(cluster, actions)
+        if self.rollout_on_train:
+            self.lend_idle_trainers(cluster, actions)
         self.end_rollout_leases(cluster, actions)
-        self.lend_blocked_rollout(cluster, actions)
+        if self.train_on_rollout:
+            self.lend_blocked_rollout(cluster, actions)
 
     def end_rollout_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         if cluster.training is None and not cluster.batch_ready():

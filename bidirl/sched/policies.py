@@ -177,11 +177,16 @@ def _registry() -> Dict[str, Callable[..., Policy]]:
         "streamrl": lambda estimates, batch_groups: b.StreamRLPolicy(estimates, batch_groups),
         "verl-dynamic": lambda estimates, batch_groups: b.VerlDynamicPolicy(estimates),
         "bidirl": lambda estimates, batch_groups: b.BidirlPolicy(estimates, batch_groups),
+        # ablations: the bidirl partition with no borrowing, or one direction only
+        "bidirl-none": lambda e, g: b.BidirlPolicy(e, g, rollout_on_train=False, train_on_rollout=False),
+        "bidirl-rot": lambda e, g: b.BidirlPolicy(e, g, rollout_on_train=True, train_on_rollout=False),
+        "bidirl-tor": lambda e, g: b.BidirlPolicy(e, g, rollout_on_train=False, train_on_rollout=True),
     }
 
 
-NEEDS_ESTIMATES = ("streamrl", "verl-dynamic", "bidirl")
-POLICY_NAMES = ("sync", "verl", "async", "areal", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl")
+NEEDS_ESTIMATES = ("streamrl", "verl-dynamic", "bidirl", "bidirl-none", "bidirl-rot", "bidirl-tor")
+POLICY_NAMES = ("sync", "verl", "async", "areal", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl",
+                "bidirl-none", "bidirl-rot", "bidirl-tor")
 
 
 def build_policy(name: str, estimates=None, batch_groups: int = 0) -> Policy:
