@@ -21,6 +21,7 @@ the same object drives a real run and a simulated one.
 
 from __future__ import annotations
 
+import heapq
 from typing import Callable, Dict, List, Sequence
 
 from bidirl.sched import events as ev
@@ -55,24 +56,28 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
 def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action], chunk: int = 0) -> None:
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
     with room, least-loaded first, while the staleness bound allows."""
-    candidates = [d for d in devices if d.role is Role.ROLLOUT]
+    newest_limit = min((cluster.version + cluster.eta + 1) * cluster.B, cluster.steps * cluster.B)
+    if cluster.admitted >= newest_limit:
+        return  # nothing may start on any device (the common case while admission blocks): O(1)
+    candidates = [d for d in devices if d.role is Role.ROLLOUT and cluster.has_room(d, 1)]
     if not candidates:
         return
     # no device takes more than its fair share of the work that may be outstanding now, so that a
     # device that becomes free a moment before the others does not swallow the whole batch
-    admissible = min((cluster.version + cluster.eta + 1) * cluster.B, cluster.steps * cluster.B) - cluster.admitted
-    # devices serving rollout now or soon: switching in, or at home in the rollout pool but lent out
+    # (devices serving rollout now or soon count: switching in, or at home in the rollout pool but lent out)
     serving = [d for d in cluster.devices if d.role is Role.ROLLOUT or d.home is Role.ROLLOUT]
-    outstanding = admissible + sum(cluster.inflight[d.index] for d in serving)
+    outstanding = newest_limit - cluster.admitted + sum(cluster.inflight[d.index] for d in serving)
     share = max(chunk or cluster.chunk_groups, -(-outstanding // len(serving)))
-    while True:
-        sizes = {d.index: min(cluster.next_chunk_size(chunk), cluster.admissible(d)) for d in candidates}
-        ready = [d for d in candidates if cluster.has_room(d, sizes[d.index]) and cluster.can_admit(d, sizes[d.index])
-                 and cluster.inflight[d.index] + sizes[d.index] <= share]
-        if not ready:
-            return
-        device = min(ready, key=lambda d: cluster.inflight[d.index])
-        issue(cluster, actions, ev.Generate(device.index, sizes[device.index]))
+    heap = [(cluster.inflight[d.index], d.index) for d in candidates if cluster.inflight[d.index] < share]
+    heapq.heapify(heap)
+    while heap and cluster.admitted < newest_limit:
+        _, index = heapq.heappop(heap)
+        device = cluster.devices[index]
+        groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device))
+        if (cluster.has_room(device, groups) and cluster.can_admit(device, groups)
+                and cluster.inflight[index] + groups <= share):
+            issue(cluster, actions, ev.Generate(index, groups))
+            heapq.heappush(heap, (cluster.inflight[index], index))
 
 
 def admission_blocked(cluster: Cluster, device) -> bool:

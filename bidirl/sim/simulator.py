@@ -82,6 +82,7 @@ class Simulator:
         self.instances = {d.index: costs.make_instance() for d in cluster.devices} if continuous else None
         self.ticked: Dict[int, int] = {}
         self.started_chunks = 0
+        self.trace_seen = 0
         self.dirty: set = set()
 
     def push(self, time: float, event: Any) -> None:
@@ -138,8 +139,14 @@ class Simulator:
             self.push(now + self.costs.sync(action.devices), ev.SyncDone(cluster.syncing))
 
     def start_transitions(self, now: float) -> None:
-        """Loads and switches start when a device enters SYNCING / SWITCHING (at once or after draining)."""
-        for device in self.cluster.devices:
+        """Loads and switches start when a device enters SYNCING / SWITCHING (at once or after draining).
+
+        Only devices whose state changed since the last call are looked at (new trace records)."""
+        trace = self.cluster.trace
+        changed = {record["device"] for record in trace[self.trace_seen:]}
+        self.trace_seen = len(trace)
+        for index in sorted(changed):
+            device = self.cluster.devices[index]
             key = (device.index, device.state)
             if device.state is DeviceState.SWITCHING and key not in self.scheduled:
                 self.scheduled.add(key)
