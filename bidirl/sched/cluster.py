@@ -5,10 +5,10 @@ accounting and the invariants are the same whether the work was real or simulate
 
 Batches and staleness. Batch ``k`` is trained from version ``k`` and produces version ``k+1``. A chunk
 of ``n`` prompt groups started with weights of version ``v`` is admitted only if
-``admitted + n <= (v + eta + 1) * B`` (AReaL's admission rule). Batch ``k`` takes ``B`` *completed*
-groups, oldest version first (completion order, so one slow sequence does not hold up the rest), but
-it waits while any group of version ``<= k - eta`` is unfinished: those are due. At most ``B`` groups
-can be due (admission counted them), so **staleness k - v never exceeds eta**; eta = 0 is on-policy.
+``admitted + n <= (v + eta + 1) * B`` (AReaL's admission rule), so at most ``(D + 1) * B`` groups ever
+have deadline (``v + eta``) ``<= D``. Batch ``k`` takes ``B`` *completed* groups, earliest deadline first
+(so one slow sequence does not hold up the rest), and starts only if every group left behind can still
+meet its deadline (see ``batch_ready``): **staleness k - v never exceeds eta**; eta = 0 is on-policy.
 (A chunk whose device loads newer weights mid-way is counted at its start version: conservative.)
 
 Weights move in two phases, so the trainers never wait for a rollout device's safe point:
@@ -67,7 +67,7 @@ class Cluster:
         self.admitted = 0
         self.chunks: List[Chunk] = []
         self.completed: List[List[int]] = []  # [chunk, groups not yet trained, version], oldest first
-        self.unfinished: Counter = Counter()  # version -> chunks of that version still generating
+        self.untrained: Counter = Counter()  # version -> admitted groups of that version not yet trained
         self.batch_parts: Dict[int, List[Tuple[int, int]]] = {}  # batch -> [(chunk, groups)]
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
         self.training: Optional[ev.Train] = None
@@ -111,11 +111,36 @@ class Cluster:
         return [(self.chunks[c], n) for c, n in self.batch_parts.get(k, [])]
 
     def batch_ready(self) -> bool:
+        """B completed groups can be taken now without making any group miss its deadline later.
+
+        A group of version v must be trained by batch v + eta (its deadline). Taking completed groups
+        earliest-deadline-first, batch k is ready only if afterwards, for every deadline D, the groups
+        still untrained with deadline <= D fit in the batches k+1..D: at most (D - k) * B of them.
+        (For D = k this says every group due now is done and taken.)"""
         k = self.version
         if k >= self.steps or self.training is not None:
             return False
-        due_unfinished = any(count and version <= k - self.eta for version, count in self.unfinished.items())
-        return not due_unfinished and sum(entry[1] for entry in self.completed) >= self.B
+        taken = self._earliest_first()
+        if sum(taken.values()) < self.B:
+            return False
+        left_by_deadline = 0
+        for version in sorted(self.untrained):
+            left_by_deadline += self.untrained[version] - taken.get(version, 0)
+            if left_by_deadline > (version + self.eta - k) * self.B:
+                return False
+        return True
+
+    def _earliest_first(self) -> Dict[int, int]:
+        """Groups per version that B completed groups, oldest version first, would take."""
+        taken: Dict[int, int] = {}
+        need = self.B
+        for _, groups, version in sorted(self.completed, key=lambda entry: (entry[2], entry[0])):
+            take = min(need, groups)
+            taken[version] = taken.get(version, 0) + take
+            need -= take
+            if need == 0:
+                break
+        return taken
 
     def needs_load(self, device: Device) -> bool:
         return device.version < self.published and "load" not in device.after_work
@@ -142,7 +167,7 @@ class Cluster:
         assert self.has_room(device, groups), f"device {device.index} cannot take {groups} more groups now"
         chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
         self.chunks.append(chunk)
-        self.unfinished[chunk.version] += 1
+        self.untrained[chunk.version] += groups
         self.admitted += groups
         self.inflight[device.index] += groups
         if device.state is S.IDLE:
@@ -201,7 +226,6 @@ class Cluster:
         if isinstance(event, ev.ChunkDone):
             chunk = self.chunks[event.chunk]
             chunk.done = True
-            self.unfinished[chunk.version] -= 1
             self.completed.append([chunk.index, chunk.groups, chunk.version])
             self.inflight[event.device] -= chunk.groups
             device = self.devices[event.device]
@@ -232,6 +256,9 @@ class Cluster:
             assert 0 <= k - chunk.version <= self.eta, f"staleness {k - chunk.version} exceeds eta={self.eta}"
             self.staleness[k - chunk.version] += groups
             self.trained_groups += groups
+            self.untrained[chunk.version] -= groups
+            if not self.untrained[chunk.version]:
+                del self.untrained[chunk.version]
         self.version = event.version
         trainers, self.training = self.training.devices, None
         for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;
