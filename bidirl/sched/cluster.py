@@ -67,6 +67,7 @@ class Cluster:
         self.admitted = 0
         self.chunks: List[Chunk] = []
         self.completed: List[List[int]] = []  # [chunk, groups not yet trained, version], oldest first
+        self.completed_groups = 0  # groups done and not yet trained
         self.untrained: Counter = Counter()  # version -> admitted groups of that version not yet trained
         self.batch_parts: Dict[int, List[Tuple[int, int]]] = {}  # batch -> [(chunk, groups)]
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
@@ -118,7 +119,7 @@ class Cluster:
         still untrained with deadline <= D fit in the batches k+1..D: at most (D - k) * B of them.
         (For D = k this says every group due now is done and taken.)"""
         k = self.version
-        if k >= self.steps or self.training is not None:
+        if k >= self.steps or self.training is not None or self.completed_groups < self.B:
             return False
         taken = self._earliest_first()
         if sum(taken.values()) < self.B:
@@ -200,6 +201,7 @@ class Cluster:
             if entry[1] == 0:
                 self.completed.pop(0)
         self.batch_parts[k] = parts
+        self.completed_groups -= self.B
         return parts
 
     def _start_load(self, device: Device) -> None:
@@ -227,6 +229,7 @@ class Cluster:
             chunk = self.chunks[event.chunk]
             chunk.done = True
             self.completed.append([chunk.index, chunk.groups, chunk.version])
+            self.completed_groups += chunk.groups
             self.inflight[event.device] -= chunk.groups
             device = self.devices[event.device]
             if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
