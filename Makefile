@@ -34,6 +34,8 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	.venv/bin/pytest -q -m slow
+	$(PY) experiments/sim_validation/validate.py
+	$(PY) experiments/sim_validation/speed.py
 
 clean:
 	rm -rf .venv runs .cache
