@@ -55,7 +55,7 @@ class RollPolicy(AsyncPolicy):
         return super().decide(event, cluster)
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        fill_rollout(cluster, cluster.devices, actions, self.chunk)
+        fill_rollout(cluster, actions, self.chunk)
 
 
 class StreamRLPolicy(AsyncPolicy):
@@ -88,6 +88,8 @@ class VerlDynamicPolicy(AsyncPolicy):
         if cluster.training is not None or cluster.batch_ready():
             return
         open_groups = self.next_batch_open(cluster)
+        if not open_groups or not cluster.idle_sets[Role.TRAIN]:
+            return
         generating = max(1, sum(1 for d in cluster.devices if d.role is Role.ROLLOUT))
         expected_wait = open_groups * self.estimates.generate_group_s / generating
         if expected_wait <= 2 * self.estimates.switch_s + self.estimates.generate_group_s * cluster.chunk_groups:
@@ -102,11 +104,9 @@ class VerlDynamicPolicy(AsyncPolicy):
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "lease ends: batch complete"))
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        home = [d for d in cluster.devices if d.home is Role.ROLLOUT]
-        fill_rollout(cluster, home, actions)
-        lent = [d for d in cluster.devices if d.home is Role.TRAIN]
+        fill_rollout(cluster, actions, home=Role.ROLLOUT)
         if self.next_batch_open(cluster) > 0:  # lent trainers only work on the batch the pool needs next
-            fill_rollout(cluster, lent, actions, min(cluster.chunk_groups, self.next_batch_open(cluster)))
+            fill_rollout(cluster, actions, min(cluster.chunk_groups, self.next_batch_open(cluster)), home=Role.TRAIN)
 
 
 class BidirlPolicy(VerlDynamicPolicy):

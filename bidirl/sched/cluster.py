@@ -73,13 +73,18 @@ class Cluster:
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
         self.training: Optional[ev.Train] = None
         self.trace: List[dict] = []
+        # idle devices per served role, kept up to date from every traced transition (O(1) lookups)
+        self.idle_sets: Dict[Role, set] = {Role.ROLLOUT: set(), Role.TRAIN: set()}
+        for d in self.devices:
+            self.idle_sets[d.role].add(d.index)
+        self.generating: set = set()  # devices in GENERATING
         self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
         self.trained_groups = 0
         self.now = 0.0
 
     # ---- queries the policies use ------------------------------------------------------------
     def idle(self, role: Role) -> List[Device]:
-        return [d for d in self.devices if d.idle and d.role is role]
+        return [self.devices[i] for i in sorted(self.idle_sets[role])]
 
     def pool(self, home: Role) -> List[Device]:
         return [d for d in self.devices if d.home is home]
@@ -287,3 +292,11 @@ class Cluster:
 
     def _log(self, record: dict) -> None:
         self.trace.append(record)
+        index = record["device"]
+        self.idle_sets[Role.ROLLOUT].discard(index)
+        self.idle_sets[Role.TRAIN].discard(index)
+        self.generating.discard(index)
+        if record["to"] == "idle":
+            self.idle_sets[Role(record["role"])].add(index)
+        elif record["to"] == "generating":
+            self.generating.add(index)

@@ -22,7 +22,7 @@ the same object drives a real run and a simulated one.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
@@ -53,13 +53,17 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
     actions.append(action)
 
 
-def fill_rollout(cluster: Cluster, devices: Sequence, actions: List[ev.Action], chunk: int = 0) -> None:
+def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, home: Optional[Role] = None) -> None:
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
-    with room, least-loaded first, while the staleness bound allows."""
+    (only those whose home pool is ``home``, if given) with room, least-loaded first, while the
+    staleness bound allows."""
     newest_limit = min((cluster.version + cluster.eta + 1) * cluster.B, cluster.steps * cluster.B)
     if cluster.admitted >= newest_limit:
         return  # nothing may start on any device (the common case while admission blocks): O(1)
-    candidates = [d for d in devices if d.role is Role.ROLLOUT and cluster.has_room(d, 1)]
+    pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
+    candidates = [cluster.devices[i] for i in sorted(pool)]
+    candidates = [d for d in candidates if d.role is Role.ROLLOUT and (home is None or d.home is home)
+                  and cluster.has_room(d, 1)]
     if not candidates:
         return
     # no device takes more than its fair share of the work that may be outstanding now, so that a
@@ -84,12 +88,23 @@ def admission_blocked(cluster: Cluster, device) -> bool:
     return cluster.admissible(device) <= 0 and cluster.admitted < cluster.steps * cluster.B
 
 
-def publish_and_load(cluster: Cluster, actions: List[ev.Action]) -> None:
-    """Publish a new version once trained; every device loads the newest published version."""
-    stale = [d.index for d in cluster.devices if d.version < cluster.version]
-    if stale and cluster.syncing is None and cluster.published < cluster.version:
-        issue(cluster, actions, ev.Sync(tuple(stale)))
-    for device in cluster.devices:
+def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event) -> None:
+    """Publish a new version once trained; every device loads the newest published version.
+
+    Loads are decided when a version finishes arriving (every stale device) and when a device
+    finishes a load (it may have loaded an older version meanwhile superseded); busy devices get
+    theirs queued behind their work, so no other event needs to look."""
+    if cluster.syncing is None and cluster.published < cluster.version:
+        stale = [d.index for d in cluster.devices if d.version < cluster.version]
+        if stale:
+            issue(cluster, actions, ev.Sync(tuple(stale)))
+    if isinstance(event, ev.SyncDone):
+        candidates = cluster.devices
+    elif isinstance(event, ev.LoadDone):
+        candidates = [cluster.devices[event.device]]
+    else:
+        return
+    for device in candidates:
         if cluster.needs_load(device) and device.state is not DeviceState.SYNCING:
             issue(cluster, actions, ev.Load(device.index))
 
@@ -112,7 +127,7 @@ class SyncPolicy(Policy):
                 for d in devices:
                     issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "batch complete"))
             elif all(d.state in (DeviceState.IDLE, DeviceState.GENERATING) for d in devices):
-                fill_rollout(cluster, devices, actions)  # once every device has switched
+                fill_rollout(cluster, actions)  # once every device has switched
         elif all(d.idle for d in devices):
             if cluster.batch_ready():
                 issue(cluster, actions, ev.Train(tuple(d.index for d in devices)))
@@ -130,16 +145,17 @@ class AsyncPolicy(Policy):
         if cluster.finished:
             return actions
         if cluster.version < cluster.steps:
-            publish_and_load(cluster, actions)
+            publish_and_load(cluster, actions, event)
         self.before_training(cluster, actions)
-        trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
-        if cluster.batch_ready() and self.ready_to_train(cluster, trainers):
-            issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))
+        if cluster.batch_ready():
+            trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
+            if self.ready_to_train(cluster, trainers):
+                issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))
         self.fill(cluster, actions)
         return actions
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        fill_rollout(cluster, cluster.devices, actions)
+        fill_rollout(cluster, actions)
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Hook for lending policies: runs after the weight decisions, before the train decision."""
