@@ -46,13 +46,6 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str]) ->
     return {home: round(idle[home] / total[home], 4) if total[home] else 0.0 for home in total}
 
 
-def state_seconds(trace: Sequence[dict], end: float, devices: Iterable) -> Dict[str, float]:
-    seconds: Dict[str, float] = defaultdict(float)
-    for _device, state, _role, start, stop in intervals(trace, end):
-        seconds[state] += stop - start
-    return dict(seconds)
-
-
 def switch_overheads(trace: Sequence[dict]) -> List[Dict[str, float]]:
     """Each switch: drain (DRAINING), switch itself (SWITCHING) and the gap until first useful work."""
     out, open_switch = [], {}
