@@ -35,20 +35,22 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def async_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("async")
-    result = launch(root, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=1")
+def successful_run(root: Path, *overrides) -> Path:
+    result = launch(root, *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir(root)
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    return successful_run(tmp_path_factory.mktemp("async"), "cluster.devices=2", "launch.mode=async",
+                          "algorithm.staleness=1")
 
 
 @pytest.fixture(scope="module")
 def lend_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lend")
-    result = launch(root, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir(root)
+    return successful_run(tmp_path_factory.mktemp("lend"), "cluster.devices=2", "launch.mode=async-lend",
+                          "algorithm.staleness=0")
 
 
 def test_async_staleness_bound_holds_in_the_trace(async_run):

@@ -54,7 +54,6 @@ class Controller:
                        "temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}
         self.chunk_samples: Dict[int, list] = {}
         self.chunk_seconds: Dict[int, float] = {}
-        self.dispatched: set = set()
         self.pending: Dict[str, set] = {"train": set(), "sync": set()}
         self.reports: Dict[str, list] = {"train": [], "sync": [], "switch": [], "load": []}
         self.batch_info: Dict[str, Any] = {}
@@ -116,7 +115,7 @@ class Controller:
             return ev.ChunkDone(device, message["chunk"])
         if op == "switch_done":
             self.reports["switch"].append(message)
-            return ev.SwitchDone(device, Role(message["role"]), message)
+            return ev.SwitchDone(device, Role(message["role"]))
         if op == "load_done":
             self.reports["load"].append(message)
             return ev.LoadDone(device, message["version"])
@@ -129,11 +128,11 @@ class Controller:
             return None  # a collective is done when every member reported
         if kind == "sync":
             self.sync_seconds.append(time.perf_counter() - self.sync_started)
-            return ev.SyncDone(self.cluster.syncing, self.sync_seconds[-1])
+            return ev.SyncDone(self.cluster.syncing)
         primary = next(m for m in reversed(self.reports["train"]) if m["device"] == self.cluster.primary)
         self.log_step(primary)
         self.version_seconds[primary["version"]] = time.perf_counter() - self.t0
-        return ev.TrainDone(primary["version"], primary["stats"])
+        return ev.TrainDone(primary["version"])
 
     # ---- actions -> commands ---------------------------------------------------------------------
     def execute(self, action: ev.Action) -> None:
@@ -155,8 +154,7 @@ class Controller:
             self.mailbox.send(action.device, {"op": "switch", "role": action.role.value})
 
     def send_chunk(self, action: ev.Generate) -> None:
-        chunk = next(c for c in self.cluster.chunks if c.device == action.device and c.index not in self.dispatched)
-        self.dispatched.add(chunk.index)
+        chunk = self.cluster.start_chunk(action)
         problems = self.sampler.next(chunk.groups)
         self.mailbox.send(action.device, {
             "op": "generate", "chunk": chunk.index, "first_group": chunk.first, "params": self.params,

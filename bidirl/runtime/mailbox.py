@@ -26,47 +26,41 @@ PREFIX = "ctl/"
 class Mailbox:
     def __init__(self, store: Any):
         self.store = store
-        self.sent: Dict[int, int] = {}
-        self.read_events = 0
-        self.read_commands = 0
-        self.sent_weights: Dict[int, int] = {}
-        self.read_weights = 0
+        self.sent: Dict[str, int] = {}  # queue -> messages written
+        self.taken: Dict[str, int] = {}  # queue -> messages read
+
+    def _put(self, queue: str, message: dict) -> None:
+        n = self.sent.get(queue, 0)
+        self.sent[queue] = n + 1
+        self.store.set(f"{PREFIX}{queue}/{n}", pickle.dumps(message))
+
+    def _take(self, queue: str) -> dict:
+        n = self.taken.get(queue, 0)
+        key = f"{PREFIX}{queue}/{n}"
+        message = pickle.loads(self.store.get(key))  # blocks until the message exists
+        self.store.delete_key(key)
+        self.taken[queue] = n + 1
+        return message
 
     # controller side
     def send(self, device: int, message: dict) -> None:
-        n = self.sent.get(device, 0)
-        self.sent[device] = n + 1
-        self.store.set(f"{PREFIX}cmd/{device}/{n}", pickle.dumps(message))
+        self._put(f"cmd/{device}", message)
 
     def send_weights(self, device: int, message: dict) -> None:
-        n = self.sent_weights.get(device, 0)
-        self.sent_weights[device] = n + 1
-        self.store.set(f"{PREFIX}wcmd/{device}/{n}", pickle.dumps(message))
+        self._put(f"wcmd/{device}", message)
 
     def next_event(self) -> dict:
-        key = f"{PREFIX}evt/{self.read_events}"
-        message = pickle.loads(self.store.get(key))  # blocks until some device posts it
-        self.store.delete_key(key)
-        self.read_events += 1
-        return message
+        return self._take("evt")
 
     def publish(self, name: str, value: Any) -> None:
         self.store.set(PREFIX + name, pickle.dumps(value))
 
     # worker side
     def next_command(self, device: int) -> dict:
-        key = f"{PREFIX}cmd/{device}/{self.read_commands}"
-        message = pickle.loads(self.store.get(key))
-        self.store.delete_key(key)
-        self.read_commands += 1
-        return message
+        return self._take(f"cmd/{device}")
 
     def next_weights_command(self, device: int) -> dict:
-        key = f"{PREFIX}wcmd/{device}/{self.read_weights}"
-        message = pickle.loads(self.store.get(key))
-        self.store.delete_key(key)
-        self.read_weights += 1
-        return message
+        return self._take(f"wcmd/{device}")
 
     def post(self, message: dict) -> None:
         n = self.store.add(f"{PREFIX}evt/count", 1) - 1

@@ -29,7 +29,7 @@ Invariants (asserted here and by tests):
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -66,6 +66,7 @@ class Cluster:
         self.syncing: Optional[int] = None  # version being transferred
         self.admitted = 0
         self.chunks: List[Chunk] = []
+        self.unstarted: deque = deque()  # chunks applied but not yet handed to the driver, in order
         self.completed: List[List[int]] = []  # [chunk, groups not yet trained, version], oldest first
         self.completed_groups = 0  # groups done and not yet trained
         self.untrained: Counter = Counter()  # version -> admitted groups of that version not yet trained
@@ -111,6 +112,12 @@ class Cluster:
         working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups)
         return (working and device.role is Role.ROLLOUT and not device.after_work
                 and self.inflight[device.index] + groups <= self.inflight_groups)
+
+    def start_chunk(self, action: ev.Generate) -> Chunk:
+        """The chunk a ``Generate`` action created: drivers carry actions out in the order applied."""
+        chunk = self.unstarted.popleft()
+        assert chunk.device == action.device, "Generate actions must be carried out in the order applied"
+        return chunk
 
     def batch_chunks(self, k: int) -> List[Tuple[Chunk, int]]:
         """The chunks batch ``k`` took groups from, with how many groups each."""
@@ -173,6 +180,7 @@ class Cluster:
         assert self.has_room(device, groups), f"device {device.index} cannot take {groups} more groups now"
         chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
         self.chunks.append(chunk)
+        self.unstarted.append(chunk)
         self.untrained[chunk.version] += groups
         self.admitted += groups
         self.inflight[device.index] += groups

@@ -7,8 +7,8 @@ for actions, apply the actions to the bookkeeping, then carry them out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from dataclasses import dataclass
+from typing import Tuple
 
 from bidirl.sched.roles import Role
 
@@ -29,7 +29,6 @@ class ChunkDone:
 @dataclass(frozen=True)
 class TrainDone:
     version: int  # the new policy version
-    stats: Dict[str, float] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,6 @@ class SyncDone:
     """The newest version is staged on every device (not yet loaded)."""
 
     version: int
-    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,6 @@ class LoadDone:
 class SwitchDone:
     device: int
     role: Role
-    breakdown: Dict[str, float] = field(default_factory=dict, compare=False)
 
 
 Event = object  # any of the above

@@ -78,7 +78,6 @@ class Device:
     version: int = 0  # policy version of the weights this device serves with
     after_work: List[str] = field(default_factory=list)  # "load" / "switch", queued behind the work in flight
     loading: int = 0  # version a pending or running load will bring
-    busy_since: float = 0.0
 
     def __post_init__(self) -> None:
         self.role = self.role or self.home
@@ -101,7 +100,6 @@ class Device:
         if needed is not None and self.role is not needed:
             raise IllegalTransition(f"device {self.index}: {new.value} while serving {self.role.value} ({reason})")
         self.state = new
-        self.busy_since = now
         if sink is not None:
             sink({"t": round(now, 6), "device": self.index, "from": old.value, "to": new.value,
                   "role": self.role.value, "home": self.home.value, "version": self.version, "reason": reason})

@@ -1,23 +1,24 @@
 """Analytic time-performance models for hardware we do not have, calibrated on public figures.
 
-Rollout (one vLLM instance per device, continuous batching inside a chunk of requests)::
+Rollout (one vLLM instance per device; :mod:`bidirl.sim.instance` does the continuous batching)::
 
     decode step(B, ctx) = a + b(ctx) * B            a = weight bytes / HBM bandwidth / 0.75
     b(ctx) = (b0 + b1 * ctx) * kv_bytes / 147 KB    fitted to ML.ENERGY H100 ITL data:
                                                     0.080 ms/seq at ~0.5k context, 0.261 at ~4k
     prefill = 2 N * prompt tokens / (MFU * peak)    concurrency <= KV capacity / (kv bytes * context)
-    rollout_efficiency scales the whole generation time: serving benchmarks run CUDA graphs at steady
+    rollout_efficiency scales the decode step: serving benchmarks run CUDA graphs at steady
     state, RL rollouts do not; it is the one free constant, fitted on validation case A (veRL GSM8K).
 
 Training (FSDP): tokens * k * N / (MFU * peak FLOP/s * devices) + ring all-reduce of bf16 gradients,
 with k = 6 (update) + 2 (recompute old log-probs) [+ 2 with a reference model]. MFU 0.33 (veRL report).
-Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). Switch: a parameter.
+Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). Switch and reshard costs
+are parameters of the run (``sim.switch_s``, ``sim.reshard_s``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,6 @@ class PerfModel:
     rollout_efficiency: float = 1.0  # >1 = slower than the serving-benchmark fit (fitted on case A)
     kv_fraction: float = 0.85  # of HBM left after weights that vLLM gives to the KV cache
     sync_latency_s: float = 0.05
-    switch_s: float = 0.5  # one role switch (engine wake/sleep + weight load); RLinf: "within 1 s"
-    reshard_s: float = 1.2  # colocated train -> generation reshard per step (veRL 7B on 8xH100)
     with_reference: bool = False
 
     # ---- rollout ------------------------------------------------------------------------------
@@ -77,32 +76,6 @@ class PerfModel:
     def max_concurrency(self, context: float) -> int:
         free = (self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
         return max(1, int(free / (self.model.kv_bytes_per_token * max(context, 1.0))))
-
-    def generate_seconds(self, lengths: Sequence[int], prompt_tokens: int) -> float:
-        """Continuous batching of ``lengths`` on one instance: sequences decode together, up to the KV
-        limit, and the batch shrinks as short ones finish (the long tail runs nearly alone)."""
-        if not lengths:
-            return 0.0
-        ordered = sorted(lengths)
-        mean_context = prompt_tokens + sum(ordered) / len(ordered) / 2
-        limit = self.max_concurrency(prompt_tokens + ordered[-1] / 2 + mean_context / 2)
-        waves = [ordered[i:: max(1, -(-len(ordered) // limit))] for i in range(max(1, -(-len(ordered) // limit)))]
-        seconds = 0.0
-        for wave in waves:
-            seconds += self._decode_wave(wave, prompt_tokens)
-        prefill = 2 * self.model.params * prompt_tokens * len(ordered) / (self.mfu * self.hardware.peak_flops)
-        return (seconds + prefill) * self.rollout_efficiency
-
-    def _decode_wave(self, ordered: List[int], prompt_tokens: int) -> float:
-        seconds, done, running = 0.0, 0, len(ordered)
-        for length in ordered:  # between consecutive finishes `running` sequences decode together
-            steps = length - done
-            if steps > 0:
-                context = prompt_tokens + (done + length) / 2
-                seconds += steps * (self.step_intercept + self.step_slope(context) * running)
-                done = length
-            running -= 1
-        return seconds
 
     # ---- training -----------------------------------------------------------------------------
     def train_seconds(self, tokens: float, devices: int) -> float:

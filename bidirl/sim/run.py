@@ -51,7 +51,7 @@ class SimResult:
 def perf_model(cfg: PipelineConfig) -> PerfModel:
     sim = cfg.sim
     return PerfModel(HARDWARE[sim.hardware], MODELS[sim.model], mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
-                     switch_s=sim.switch_s, reshard_s=sim.reshard_s, with_reference=sim.with_reference)
+                     with_reference=sim.with_reference)
 
 
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,

@@ -81,7 +81,6 @@ class Simulator:
         continuous = hasattr(costs, "make_instance")
         self.instances = {d.index: costs.make_instance() for d in cluster.devices} if continuous else None
         self.ticked: Dict[int, int] = {}
-        self.started_chunks = 0
         self.trace_seen = 0
         self.dirty: set = set()
 
@@ -124,9 +123,7 @@ class Simulator:
     def start(self, action: ev.Action, now: float) -> None:
         cluster = self.cluster
         if isinstance(action, ev.Generate):
-            chunk = cluster.chunks[self.started_chunks]  # actions come in the order the policy applied them
-            self.started_chunks += 1
-            assert chunk.device == action.device
+            chunk = cluster.start_chunk(action)
             if self.instances is None:
                 self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
             else:
