@@ -93,7 +93,12 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     std_normalize: bool = True
     loss_aggregation: str = "token_mean"  # token_mean (DAPO) | seq_mean (GRPO paper)
-    staleness: int = 1
+    # eta: versions a sample may lag the weights it is trained on (0 = on-policy). Policies with
+    # count-only staleness (verl-async) take fractions, like veRL's staleness_threshold.
+    staleness: float = 1
+    # optimizer updates per weight sync, each on prompts_per_step / updates_per_sync prompts as they stream
+    # in (veRL fully-async's trigger_parameter_sync_step); used by verl-async only, simulated only
+    updates_per_sync: int = 1
     format_reward: float = 0.0
 
 
@@ -128,14 +133,15 @@ class SimConfig:
 
     hardware: str = "H100"  # H100 | H200 | H20 | A100
     model: str = "7B"  # 7B | 8B | 14B | 32B
-    workload: str = "gsm8k"  # gsm8k | math | reasoning
+    workload: str = "gsm8k"  # gsm8k | math | reasoning | dapo-28k
     policies: List[str] = field(default_factory=lambda: ["verl", "areal", "roll", "streamrl", "verl-dynamic", "bidirl"])
     switch_s: float = 0.5  # one hot role switch (RLinf: "within 1 s")
     reshard_s: float = 1.2  # veRL colocated train -> generation reshard per step (7B, 8xH100)
     load_s: float = 0.1  # applying staged weights in place in a rollout engine (checkpoint-engine class)
-    rollout_efficiency: float = 2.57  # RL rollout vs serving-benchmark decode speed; fitted on case A
+    rollout_efficiency: float = 2.14  # RL rollout vs serving-benchmark decode speed; fitted on case A
     mfu: float = 0.33
     with_reference: bool = False  # a KL reference model adds a 2N forward per token
+    recompute_logprob: bool = True  # old/proximal log-probs recomputed by the trainer (+2N per token)
     gantt: bool = True
 
 
@@ -256,8 +262,8 @@ _CHOICES = {
     "cluster.device_type": ("cpu", "cuda"),
     "sim.hardware": ("H100", "H200", "H20", "A100"),
     "sim.model": ("7B", "8B", "14B", "32B"),
-    "sim.workload": ("gsm8k", "math", "reasoning"),
-    "launch.mode": ("sync", "verl", "async", "areal", "async-lend", "roll"),
+    "sim.workload": ("gsm8k", "math", "reasoning", "dapo-28k"),
+    "launch.mode": ("sync", "verl", "async", "areal", "verl-async", "async-lend", "roll"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 

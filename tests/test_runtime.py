@@ -130,6 +130,22 @@ def test_two_torchrun_agents_on_loopback_complete_a_run(tmp_path):
     assert summary["status"] == "ok" and summary["steps"] == 2 and summary["devices"] == 2
 
 
+def test_fully_async_streams_with_a_fractional_staleness_bound_in_the_live_runtime(tmp_path):
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=verl-async", "algorithm.staleness=0.5")
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["steps"] == 4 and sum(summary["staleness_histogram"].values()) == 4 * 8
+    chunks = [re.match(r"chunk \d+: groups \d+-(\d+) at v(\d+)", r["reason"]) for r in read_jsonl(root / "trace.jsonl")]
+    chunks = [tuple(map(int, m.groups())) for m in chunks if m]
+    assert chunks and all(last < int((version + 1.5) * 8) for last, version in chunks)  # half a batch ahead at most
+    assert summary["staleness_histogram"].get("1")  # and the trainer did use samples from the extra half
+
+
+def test_a_fractional_staleness_bound_is_refused_by_version_bounded_policies_before_launch(tmp_path):
+    result = launch(tmp_path, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "a fractional bound needs count-only staleness" in result.stderr.strip().splitlines()[-1]
+
+
 def test_an_impossible_partition_is_one_line_before_any_process_starts(tmp_path):
     result = launch(tmp_path, "cluster.devices=1", "launch.mode=async")
     assert result.returncode == 2

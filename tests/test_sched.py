@@ -69,6 +69,25 @@ def test_admission_blocks_work_that_would_exceed_the_staleness_bound():
         cluster.apply(ev.Generate(0, 8))
 
 
+def test_count_only_admission_allows_a_fraction_of_a_batch_ahead_and_batches_stream_in_finish_order():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0.5, steps=4, chunk_groups=4,
+                      inflight_groups=16, deadlines=False)
+    assert cluster.admissible(cluster.devices[0]) == 12  # floor((0 + 0.5 + 1) * 8)
+    for _ in range(3):
+        cluster.apply(ev.Generate(0, 4))
+    assert not cluster.can_admit(cluster.devices[0], 1)
+    cluster.complete(ev.ChunkDone(0, 2))  # the last chunk finishes first ...
+    cluster.complete(ev.ChunkDone(0, 1))
+    assert cluster.batch_ready()  # ... and nobody waits for chunk 0 (its long sequences)
+    cluster.apply(ev.Train((1,)))
+    assert [c.index for c, _ in cluster.batch_chunks(0)] == [2, 1]
+
+
+def test_a_fractional_staleness_bound_needs_count_only_staleness():
+    with pytest.raises(ValueError, match="fractional bound needs count-only staleness"):
+        Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0.5, steps=4, chunk_groups=4)
+
+
 def test_sync_policy_is_on_policy_and_switches_every_device_twice_per_step():
     cluster = simulate("sync", devices=2, eta=0, steps=3)
     assert set(cluster.staleness) == {0}

@@ -45,7 +45,8 @@ class Controller:
         self.policy = build_policy(cfg.launch.mode)
         homes = partition(self.policy, devices, cfg.cluster.rollout_devices)
         eta = 0 if self.policy.synchronous else cfg.algorithm.staleness
-        self.cluster = Cluster(homes, cfg.train.prompts_per_step, eta, cfg.train.steps, cfg.launch.chunk_groups)
+        self.cluster = Cluster(homes, cfg.train.prompts_per_step, eta, cfg.train.steps, cfg.launch.chunk_groups,
+                               deadlines=self.policy.deadlines)
         self.mailbox = mailbox
         self.mailbox.publish("plan", {"primary": self.cluster.primary, "roles": [h.value for h in homes],
                                       "run_path": str(self.run.path)})

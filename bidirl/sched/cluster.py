@@ -11,6 +11,13 @@ have deadline (``v + eta``) ``<= D``. Batch ``k`` takes ``B`` *completed* groups
 meet its deadline (see ``batch_ready``): **staleness k - v never exceeds eta**; eta = 0 is on-policy.
 (A chunk whose device loads newer weights mid-way is counted at its start version: conservative.)
 
+Count-only staleness (``deadlines=False``, veRL fully-async's ``staleness_threshold``): admission is the
+same rule with a possibly fractional eta, ``admitted + n <= floor((v + eta + 1) * B)``, counted in sync
+windows of ``updates_per_sync`` batches when weights are published only every u-th update, but batches
+take completed groups in the order they finished and never wait for a group: a long sequence is
+trained whenever it ends, so its staleness is recorded, not bounded (veRL reports it as
+``max_partial_span``). Only the number of groups generated ahead of training is bounded.
+
 Weights move in two phases, so the trainers never wait for a rollout device's safe point:
   1. ``Sync`` -- the primary trainer publishes the newest version; it is transferred in the background
      to a staging buffer on every other device. ``SyncDone`` = every copy has arrived.
@@ -21,7 +28,8 @@ Weights move in two phases, so the trainers never wait for a rollout device's sa
 
 Invariants (asserted here and by tests):
   * a device has one role and one state at a time; transitions follow ``roles.LEGAL_TRANSITIONS``;
-  * staleness never exceeds eta; every admitted group is trained exactly once (none lost or repeated);
+  * staleness never exceeds eta (with deadlines); at most floor((v + eta + 1) * B) groups are admitted
+    before version v + 1 exists (always); every admitted group is trained exactly once;
   * only the train pool creates versions (home trainers step identical optimizer replicas; a lent
     rollout device only contributes gradients); no device computes gradients on stale weights;
   * one train step at a time, and a batch is trained only when all its groups are done.
@@ -29,6 +37,7 @@ Invariants (asserted here and by tests):
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -49,11 +58,25 @@ class Chunk:
     done: bool = False
 
 
+def check_staleness(eta: float, deadlines: bool) -> None:
+    """A staleness bound a policy can keep: whole versions with deadlines, any fraction >= 0 without."""
+    if eta < 0:
+        raise ValueError(f"algorithm.staleness must be >= 0, got {eta}")
+    if deadlines and eta != int(eta):
+        raise ValueError(f"algorithm.staleness={eta}: a fractional bound needs count-only staleness "
+                         "(policy verl-async); this policy bounds staleness in whole versions")
+
+
 class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: int, steps: int, chunk_groups: int,
-                 primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False):
+                 primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
+                 deadlines: bool = True, updates_per_sync: int = 1):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
+        check_staleness(eta, deadlines)
+        if updates_per_sync != 1 and deadlines:
+            raise ValueError("several optimizer updates per weight sync need count-only staleness (verl-async)")
+        self.updates_per_sync = updates_per_sync  # u: batches (optimizer updates) per published version
         self.devices = [Device(i, home) for i, home in enumerate(homes)]
         self.primary = primary if primary is not None else list(homes).index(Role.TRAIN)
         self.B, self.eta, self.steps, self.chunk_groups = batch_groups, eta, steps, chunk_groups
@@ -61,6 +84,7 @@ class Cluster:
         # of continuous batching in the simulator
         self.inflight_groups = inflight_groups or chunk_groups
         self.interruptible = interruptible
+        self.deadlines = deadlines
         self.version = 0  # newest version, held by the primary trainer
         self.published = 0  # newest version staged on every device
         self.syncing: Optional[int] = None  # version being transferred
@@ -96,13 +120,20 @@ class Cluster:
         return (self.version >= self.steps and self.training is None and self.syncing is None
                 and all(d.idle and not d.lent and not d.after_work for d in self.devices))
 
+    def admission_limit(self, version: int) -> int:
+        """Groups that may have been admitted in all while the newest weights anywhere are ``version``.
+
+        With u updates per sync the window is u batches: ``floor((version / u + eta + 1) * u * B)``."""
+        u = self.updates_per_sync
+        return min(math.floor((version / u + self.eta + 1) * u * self.B), self.steps * self.B)
+
     def next_chunk_size(self, limit: int = 0) -> int:
         """Groups of the next chunk: at most ``limit`` (default ``chunk_groups``) and what is left to admit."""
         return min(limit or self.chunk_groups, self.steps * self.B - self.admitted)
 
     def admissible(self, device: Device) -> int:
         """Groups ``device`` may still start with the weights it holds without breaking the bound."""
-        return min((device.version + self.eta + 1) * self.B, self.steps * self.B) - self.admitted
+        return self.admission_limit(device.version) - self.admitted
 
     def can_admit(self, device: Device, groups: int) -> bool:
         return 0 < groups <= self.admissible(device)
@@ -133,6 +164,8 @@ class Cluster:
         k = self.version
         if k >= self.steps or self.training is not None or self.completed_groups < self.B:
             return False
+        if not self.deadlines:
+            return True
         taken = self._earliest_first()
         if sum(taken.values()) < self.B:
             return False
@@ -202,8 +235,10 @@ class Cluster:
             device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high})", self._log)
 
     def _compose_batch(self, k: int) -> List[Tuple[int, int]]:
-        """Takes B completed groups, oldest version first (all overdue ones are among them)."""
-        self.completed.sort(key=lambda entry: (entry[2], entry[0]))
+        """Takes B completed groups: oldest version first (all overdue ones are among them) with
+        deadlines, else in the order they finished (streaming)."""
+        if self.deadlines:
+            self.completed.sort(key=lambda entry: (entry[2], entry[0]))
         parts, need = [], self.B
         while need:
             entry = self.completed[0]
@@ -269,7 +304,8 @@ class Cluster:
         k = self.version
         assert event.version == k + 1, "versions advance by one per optimizer step"
         for chunk, groups in self.batch_chunks(k):
-            assert 0 <= k - chunk.version <= self.eta, f"staleness {k - chunk.version} exceeds eta={self.eta}"
+            assert 0 <= k - chunk.version and (k - chunk.version <= self.eta or not self.deadlines), \
+                f"staleness {k - chunk.version} exceeds eta={self.eta}"
             self.staleness[k - chunk.version] += groups
             self.trained_groups += groups
             self.untrained[chunk.version] -= groups

@@ -14,6 +14,14 @@ the same object drives a real run and a simulated one.
   rollout devices generate continuously under the staleness bound eta (admission control), the train
   pool trains each batch as soon as it is complete, publishes every new version in the background, and
   each rollout device loads it at its next safe point (see :mod:`bidirl.sched.cluster`).
+* ``verl-async`` -- veRL's fully-async recipe (``recipe/fully_async_policy``): the same disaggregated
+  pipeline, but streamed: ``staleness_threshold`` (eta, may be fractional, recommended < 1) bounds only
+  how many samples are generated ahead of training, the trainer takes samples in the order they finish
+  and never waits for a particular one, and partial rollout pauses generation over a weight load and
+  resumes it with the new weights. Its local updates are modelled too: with
+  ``algorithm.updates_per_sync`` = u (``trigger_parameter_sync_step``) a step's batch is trained as u
+  updates of B/u groups, each starting as soon as its groups have streamed in, and weights are
+  published after every u-th update.
 * ``async-lend`` -- ``async`` plus the simplest Trainer-on-RollPool lending: a rollout device that is
   idle only because admission blocks it, while a batch is ready, joins that step's gradient work and
   goes home afterwards. No cost model (``bidirl`` in :mod:`bidirl.sched.borrowing` has one).
@@ -32,6 +40,7 @@ from bidirl.sched.roles import DeviceState, Role
 class Policy:
     name = "base"
     synchronous = False
+    deadlines = True  # staleness bounded per group (AReaL); False: counted only (veRL fully-async)
 
     def homes(self, devices: int, rollout_devices: int) -> List[Role]:
         """The home pool of each device (the partition this policy starts from)."""
@@ -57,7 +66,7 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
     (only those whose home pool is ``home``, if given) with room, least-loaded first, while the
     staleness bound allows."""
-    newest_limit = min((cluster.version + cluster.eta + 1) * cluster.B, cluster.steps * cluster.B)
+    newest_limit = cluster.admission_limit(cluster.version)
     if cluster.admitted >= newest_limit:
         return  # nothing may start on any device (the common case while admission blocks): O(1)
     pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
@@ -94,7 +103,8 @@ def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event
     Loads are decided when a version finishes arriving (every stale device) and when a device
     finishes a load (it may have loaded an older version meanwhile superseded); busy devices get
     theirs queued behind their work, so no other event needs to look."""
-    if cluster.syncing is None and cluster.published < cluster.version:
+    window_end = cluster.version % cluster.updates_per_sync == 0 or cluster.version >= cluster.steps
+    if cluster.syncing is None and cluster.published < cluster.version and window_end:
         stale = [d.index for d in cluster.devices if d.version < cluster.version]
         if stale:
             issue(cluster, actions, ev.Sync(tuple(stale)))
@@ -168,6 +178,11 @@ class AsyncPolicy(Policy):
         return home_back and not joining and all(d.idle and d.version == cluster.version for d in trainers)
 
 
+class VerlAsyncPolicy(AsyncPolicy):
+    name = "verl-async"
+    deadlines = False
+
+
 class AsyncLendPolicy(AsyncPolicy):
     name = "async-lend"
 
@@ -194,6 +209,7 @@ def _registry() -> Dict[str, Callable[..., Policy]]:
         "sync": SyncPolicy, "verl": SyncPolicy,  # colocated synchronous (veRL hybrid engine)
         "async": AsyncPolicy, "areal": AsyncPolicy,  # fixed partition, staleness-bounded (AReaL)
         "async-lend": AsyncLendPolicy,
+        "verl-async": VerlAsyncPolicy,  # veRL fully-async: streamed, count-only staleness, partial rollout
         "roll": b.RollPolicy,
         "streamrl": lambda estimates, batch_groups: b.StreamRLPolicy(estimates, batch_groups),
         "verl-dynamic": lambda estimates, batch_groups: b.VerlDynamicPolicy(estimates),
@@ -206,7 +222,7 @@ def _registry() -> Dict[str, Callable[..., Policy]]:
 
 
 NEEDS_ESTIMATES = ("streamrl", "verl-dynamic", "bidirl", "bidirl-none", "bidirl-rot", "bidirl-tor")
-POLICY_NAMES = ("sync", "verl", "async", "areal", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl",
+POLICY_NAMES = ("sync", "verl", "async", "areal", "verl-async", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl",
                 "bidirl-none", "bidirl-rot", "bidirl-tor")
 
 

@@ -10,7 +10,7 @@ Rollout (one vLLM instance per device; :mod:`bidirl.sim.instance` does the conti
     state, RL rollouts do not; it is the one free constant, fitted on validation case A (veRL GSM8K).
 
 Training (FSDP): tokens * k * N / (MFU * peak FLOP/s * devices) + ring all-reduce of bf16 gradients,
-with k = 6 (update) + 2 (recompute old log-probs) [+ 2 with a reference model]. MFU 0.33 (veRL report).
+with k = 6 (update) [+ 2 recomputing old log-probs, veRL/AReaL] [+ 2 with a reference model]. MFU 0.33 (veRL report).
 Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). Switch and reshard costs
 are parameters of the run (``sim.switch_s``, ``sim.reshard_s``).
 """
@@ -64,6 +64,7 @@ class PerfModel:
     kv_fraction: float = 0.85  # of HBM left after weights that vLLM gives to the KV cache
     sync_latency_s: float = 0.05
     with_reference: bool = False
+    recompute_logprob: bool = True
 
     # ---- rollout ------------------------------------------------------------------------------
     @property
@@ -79,7 +80,7 @@ class PerfModel:
 
     # ---- training -----------------------------------------------------------------------------
     def train_seconds(self, tokens: float, devices: int) -> float:
-        k = 6 + 2 + (2 if self.with_reference else 0)
+        k = 6 + (2 if self.recompute_logprob else 0) + (2 if self.with_reference else 0)
         compute = k * self.model.params * tokens / (self.mfu * self.hardware.peak_flops * devices)
         allreduce = 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.model.weight_bytes / self.hardware.link_bw
         return compute + allreduce

@@ -51,7 +51,7 @@ class SimResult:
 def perf_model(cfg: PipelineConfig) -> PerfModel:
     sim = cfg.sim
     return PerfModel(HARDWARE[sim.hardware], MODELS[sim.model], mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
-                     with_reference=sim.with_reference)
+                     with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob)
 
 
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
@@ -59,6 +59,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     start = time.perf_counter()
     perf, workload = perf_model(cfg), preset(cfg.sim.workload)
     B, G, devices = cfg.train.prompts_per_step, cfg.rollout.group_size, cfg.cluster.devices
+    steps = cfg.train.steps
     chunk = cfg.launch.chunk_groups
     est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s)
     policy = build_policy(policy_name, est, B)
@@ -67,11 +68,15 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     if rollout_devices is None:
         rollout_devices = cfg.cluster.rollout_devices or policy.default_rollout_devices(devices)
     homes = policy.homes(devices, rollout_devices)
+    u = 1 if policy.deadlines else cfg.algorithm.updates_per_sync  # streamed local updates (verl-async)
+    if B % u:
+        raise ValueError(f"algorithm.updates_per_sync={u} must divide train.prompts_per_step={B}")
     colocated = policy.synchronous  # veRL's two switches per step add up to its reshard time
-    costs = CalibratedCosts(perf, workload, G, cfg.train.steps, cfg.seed,
+    costs = CalibratedCosts(perf, workload, G, steps * u, cfg.seed,
                             switch_s=cfg.sim.reshard_s / 2 if colocated else cfg.sim.switch_s, load_s=cfg.sim.load_s)
     capacity_groups = max(chunk, -(-costs.make_instance().capacity // G))
-    cluster = Cluster(homes, B, eta, cfg.train.steps, chunk, inflight_groups=capacity_groups, interruptible=True)
+    cluster = Cluster(homes, B // u, eta, steps * u, chunk, inflight_groups=capacity_groups, interruptible=True,
+                      deadlines=policy.deadlines, updates_per_sync=u)
     simulator = Simulator(cluster, policy, costs)
     simulator.run()
     makespan = cluster.now

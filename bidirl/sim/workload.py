@@ -41,6 +41,12 @@ PRESETS: Dict[str, Workload] = {
     # reasoning with a 16k cap: mean 7-10k, 10-30% at the cap, lengths drift upwards
     "reasoning": Workload("reasoning", prompt_tokens=200, mean_tokens=9000, cap=16384, prompt_sigma=0.7,
                           sample_sigma=0.3, drift=0.3),
+    # veRL fully-async case B (DAPO, Qwen2.5-Math-7B, 28k cap, 32xH20), from its published colocated step:
+    # update_actor 269.8 s at 6N FLOPs/token, MFU 0.33 -> ~1,130 tokens per sample (old_log_prob 107.7 s
+    # at 2N -> ~1,350), and generation 357 s ~ one sequence decoding alone to the 28k cap (~370 s): a
+    # mean ~1.1k response with a tail that reaches the cap about once per 8,192-sample step.
+    "dapo-28k": Workload("dapo-28k", prompt_tokens=150, mean_tokens=1100, cap=28672, prompt_sigma=1.0,
+                         sample_sigma=0.5),
 }
 
 
