@@ -88,6 +88,39 @@ def test_a_fractional_staleness_bound_needs_count_only_staleness():
         Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0.5, steps=4, chunk_groups=4)
 
 
+class ScriptedJoin:
+    """Trains batch 0 on device 1 while rollout device 2 switches in and joins; then batch 1 alone."""
+
+    synchronous, deadlines = False, True
+
+    def decide(self, event, cluster):
+        if isinstance(event, ev.Started):
+            actions = [ev.Generate(0, 2)]
+        elif isinstance(event, ev.ChunkDone):
+            actions = [ev.Train((1,)), ev.Switch(2, Role.TRAIN, "lent")]
+        elif isinstance(event, ev.SwitchDone) and event.role is Role.TRAIN:
+            actions = [ev.Join(2)]
+        elif isinstance(event, ev.TrainDone) and event.version == 1:
+            actions = [ev.Switch(2, Role.ROLLOUT, "lease ends"), ev.Train((1,))]
+        else:
+            actions = []
+        for action in actions:
+            cluster.apply(action)
+        return actions
+
+
+def test_a_device_joining_a_step_shares_the_work_left_and_the_next_step_is_timed_afresh():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.ROLLOUT], batch_groups=1, eta=1, steps=2, chunk_groups=2,
+                      inflight_groups=2)
+    Simulator(cluster, ScriptedJoin(), FixedCosts(generate_per_group=0.0, train_step=4.0, switch_s=1.0)).run()
+    steps = [(r["t"], r["reason"]) for r in cluster.trace if r["device"] == 1 and r["to"] == "idle"]
+    # alone for 1 s (3 device-seconds left), then shared by two: 1 + 3/2; the second step runs alone for
+    # 4 s -- the first step's superseded finish at t=4 must not end it
+    assert steps == [(2.5, "step -> v1"), (6.5, "step -> v2")]
+    joined = [r for r in cluster.trace if r["device"] == 2 and r["to"] == "training"]
+    assert [(r["t"], r["reason"]) for r in joined] == [(1.0, "joins batch 0")]
+
+
 def test_sync_policy_is_on_policy_and_switches_every_device_twice_per_step():
     cluster = simulate("sync", devices=2, eta=0, steps=3)
     assert set(cluster.staleness) == {0}

@@ -16,8 +16,9 @@ what an idle device may do:
 * ``bidirl``        both directions. Rollout-on-TrainPool as above (lent trainers only generate groups of
                     the batch the train pool needs next, so the lease ends before the pool needs them,
                     and their samples are fresh). Trainer-on-RollPool: a rollout device idle because
-                    admission blocks it joins the train step when the time saved, T/n - T/(n+1), beats
-                    two switches plus the gradient transfer; the primary stays the only optimizer.
+                    admission blocks it joins the train step when the time saved, T/n - T/(n+k) for the
+                    k blocked devices together (they switch in parallel), beats two switches plus the
+                    gradient transfer; the primary stays the only optimizer.
 
 Cost/benefit uses :class:`Estimates` from the performance model (simulator) or from measurements.
 """
@@ -30,7 +31,7 @@ from typing import List
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
-from bidirl.sched.roles import Role
+from bidirl.sched.roles import DeviceState, Role
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,14 @@ class VerlDynamicPolicy(AsyncPolicy):
 
 
 class BidirlPolicy(VerlDynamicPolicy):
-    """Both directions; ``rollout_on_train``/``train_on_rollout`` switch each off for ablations."""
+    """Both directions; ``rollout_on_train``/``train_on_rollout`` switch each off for ablations.
+
+    Trainer-on-RollPool follows the RFC: a step never waits for a borrowed device (the home trainers
+    start at once, "startup drain"); a rollout device that admission blocks -- at the step's start or
+    in the middle of it -- switches in and *joins* the step in progress (``Join``: it pulls part of the
+    gradient work not yet done), if the time it saves on the work left beats its switch and gradient
+    transfer. The primary stays the only optimizer; a borrowed device goes home when the step ends.
+    The policy keeps its own estimate of the step's work left (from ``Estimates``), never a clock."""
 
     name = "bidirl"
 
@@ -119,6 +127,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         super().__init__(estimates)
         self.batch_groups = batch_groups
         self.rollout_on_train, self.train_on_rollout = rollout_on_train, train_on_rollout
+        self.work_left, self.step_devices_n, self.since = 0.0, 1, 0.0  # estimated step in progress
 
     def default_rollout_devices(self, devices: int) -> int:
         return balanced_split(devices, self.estimates, self.batch_groups)  # the planner's job; balanced for now
@@ -127,25 +136,60 @@ class BidirlPolicy(VerlDynamicPolicy):
         self.end_trainer_leases(cluster, actions)
         if self.rollout_on_train:
             self.lend_idle_trainers(cluster, actions)
-        self.end_rollout_leases(cluster, actions)
+        self.join_or_return(cluster, actions)
         if self.train_on_rollout:
             self.lend_blocked_rollout(cluster, actions)
 
-    def end_rollout_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if cluster.training is None and not cluster.batch_ready():
-            for d in cluster.idle(Role.TRAIN):
-                if d.home is Role.ROLLOUT and not d.after_work:
-                    issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
+    def step_devices(self, cluster: Cluster) -> List:
+        """Home trainers (all back from their leases, idle, current) plus borrowed devices already in;
+        devices still switching in join the step later instead of delaying it."""
+        home = cluster.pool(Role.TRAIN)
+        if not all(d.role is Role.TRAIN and d.idle and d.version == cluster.version for d in home):
+            return []
+        borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
+        devices = home + borrowed
+        self.work_left, self.step_devices_n, self.since = self.estimates.train_batch_s, len(devices), cluster.now
+        return devices
+
+    def remaining_s(self, cluster: Cluster) -> float:
+        """Estimated seconds left in the step in progress (the whole step, T/n, if it has not started)."""
+        if cluster.training is None:
+            trainers = sum(1 for d in cluster.pool(Role.TRAIN))
+            return self.estimates.train_batch_s / trainers
+        done = self.step_devices_n * (cluster.now - self.since)
+        return max(0.0, self.work_left - done) / self.step_devices_n
+
+    def pays(self, cluster: Cluster, joining: int) -> bool:
+        """Would ``joining`` more devices, arriving after one switch, finish the work left sooner by
+        more than the switch home they cost afterwards?"""
+        est, left = self.estimates, self.remaining_s(cluster)
+        n = self.step_devices_n if cluster.training is not None else sum(1 for _ in cluster.pool(Role.TRAIN))
+        n += sum(1 for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.TRAIN
+                 and d.state is DeviceState.SWITCHING)  # already on their way in
+        with_help = est.switch_s + max(0.0, left - est.switch_s) * n / (n + joining) + est.grad_transfer_s
+        return left - with_help > est.switch_s
+
+    def join_or_return(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        """A borrowed device that has switched in joins the step in progress; between steps it waits for
+        the next one only if that batch is ready, else it goes home."""
+        for d in cluster.idle(Role.TRAIN):
+            if d.home is not Role.ROLLOUT or d.after_work:
+                continue
+            if cluster.training is not None and d.version == cluster.version \
+                    and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
+                issue(cluster, actions, ev.Join(d.index))
+                self.work_left -= self.step_devices_n * (cluster.now - self.since)
+                self.step_devices_n, self.since = self.step_devices_n + 1, cluster.now
+            elif cluster.training is not None or not cluster.batch_ready() or d.version != cluster.version:
+                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if not (cluster.batch_ready() and cluster.training is None):
+        """Lend every rollout device that admission blocks, while a step runs or its batch is ready."""
+        if cluster.training is None and not cluster.batch_ready():
             return
-        trainers = sum(1 for d in cluster.devices if d.role is Role.TRAIN)
-        est = self.estimates
-        for d in cluster.idle(Role.ROLLOUT):
-            if d.home is not Role.ROLLOUT or d.after_work or d.version != cluster.version:
-                continue
-            saved = est.train_batch_s / trainers - est.train_batch_s / (trainers + 1)
-            if admission_blocked(cluster, d) and saved > 2 * est.switch_s + est.grad_transfer_s:
+        blocked = [d for d in cluster.idle(Role.ROLLOUT)
+                   if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version
+                   and admission_blocked(cluster, d)]
+        if blocked and self.pays(cluster, len(blocked)):
+            for d in blocked:
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked: lent to training"))
-                trainers += 1

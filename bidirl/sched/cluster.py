@@ -97,6 +97,7 @@ class Cluster:
         self.batch_parts: Dict[int, List[Tuple[int, int]]] = {}  # batch -> [(chunk, groups)]
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
         self.training: Optional[ev.Train] = None
+        self.training_devices: List[int] = []  # the step's devices, including any that joined it
         self.trace: List[dict] = []
         # idle devices per served role, kept up to date from every traced transition (O(1) lookups)
         self.idle_sets: Dict[Role, set] = {Role.ROLLOUT: set(), Role.TRAIN: set()}
@@ -197,6 +198,8 @@ class Cluster:
             return self._start_chunk(self.devices[action.device], action.groups)
         if isinstance(action, ev.Train):
             self._start_train(action)
+        elif isinstance(action, ev.Join):
+            self._join_train(self.devices[action.device])
         elif isinstance(action, ev.Sync):
             assert self.syncing is None and self.published < self.version, "one transfer of a new version at a time"
             self.syncing = self.version
@@ -227,12 +230,20 @@ class Cluster:
         assert self.batch_ready(), "a batch is trained only when B groups are done and none is overdue"
         assert self.primary in action.devices, "the primary trainer always takes part: it owns the optimizer"
         self.training = action
+        self.training_devices = list(action.devices)
         parts = self._compose_batch(self.version)
         low, high = min(self.chunks[c].version for c, _ in parts), max(self.chunks[c].version for c, _ in parts)
         for index in action.devices:
             device = self.devices[index]
             assert device.version == self.version, f"device {index} would compute gradients on stale weights"
             device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high})", self._log)
+
+    def _join_train(self, device: Device) -> None:
+        assert self.training is not None, "a device can only join a step in progress"
+        assert device.role is Role.TRAIN and device.idle and device.index not in self.training_devices
+        assert device.version == self.version, f"device {device.index} would compute gradients on stale weights"
+        self.training_devices.append(device.index)
+        device.transition(S.TRAINING, self.now, f"joins batch {self.version}", self._log)
 
     def _compose_batch(self, k: int) -> List[Tuple[int, int]]:
         """Takes B completed groups: oldest version first (all overdue ones are among them) with
@@ -312,7 +323,7 @@ class Cluster:
             if not self.untrained[chunk.version]:
                 del self.untrained[chunk.version]
         self.version = event.version
-        trainers, self.training = self.training.devices, None
+        trainers, self.training, self.training_devices = self.training_devices, None, []
         for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;
             if self.devices[index].home is Role.TRAIN:  # a lent rollout device only lent its gradients
                 self.devices[index].version = event.version

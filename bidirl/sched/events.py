@@ -71,6 +71,15 @@ class Train:
 
 
 @dataclass(frozen=True)
+class Join:
+    """``device`` (serving train, holding the version being trained) joins the step in progress and takes
+    part of the gradient work not yet done -- BiDiRL's lazy pulling of micro-batches. Simulated only: the
+    live worker splits a step's batch when the step starts."""
+
+    device: int
+
+
+@dataclass(frozen=True)
 class Sync:
     """Publish the newest weights: the primary sends them to ``devices``' staging buffers, in the background."""
 

@@ -158,11 +158,17 @@ class AsyncPolicy(Policy):
             publish_and_load(cluster, actions, event)
         self.before_training(cluster, actions)
         if cluster.batch_ready():
-            trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
-            if self.ready_to_train(cluster, trainers):
+            trainers = self.step_devices(cluster)
+            if trainers:
                 issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))
         self.fill(cluster, actions)
         return actions
+
+    def step_devices(self, cluster: Cluster) -> List:
+        """The devices of the next train step, or none if it cannot start yet: every device serving
+        train, once all are idle with the newest weights and nobody is on the way in or out."""
+        trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
+        return trainers if self.ready_to_train(cluster, trainers) else []
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         fill_rollout(cluster, actions)

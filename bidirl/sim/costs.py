@@ -42,10 +42,15 @@ class CalibratedCosts:
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
         return lengths
 
-    def train(self, devices: Tuple[int, ...], batch: List[Tuple[Chunk, int]]) -> float:
+    def train_work(self, batch: List[Tuple[Chunk, int]]) -> float:
+        """Device-seconds of gradient work for a batch (useful work: communication excluded)."""
         tokens = sum(self.chunk_tokens[c.index] * groups / c.groups for c, groups in batch)
-        self.train_device_s += self.perf.train_seconds(tokens, 1)  # useful work, without communication
-        return self.perf.train_seconds(tokens, len(devices))
+        work = self.perf.train_compute_seconds(tokens)
+        self.train_device_s += work
+        return work
+
+    def allreduce(self, devices: int) -> float:
+        return self.perf.allreduce_seconds(devices)
 
     def sync(self, devices: Tuple[int, ...]) -> float:
         return self.perf.sync_seconds(len(devices) + 1)

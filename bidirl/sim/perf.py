@@ -80,10 +80,16 @@ class PerfModel:
 
     # ---- training -----------------------------------------------------------------------------
     def train_seconds(self, tokens: float, devices: int) -> float:
+        return self.train_compute_seconds(tokens) / devices + self.allreduce_seconds(devices)
+
+    def train_compute_seconds(self, tokens: float) -> float:
+        """Device-seconds of gradient computation for ``tokens`` (split evenly over data-parallel devices)."""
         k = 6 + (2 if self.recompute_logprob else 0) + (2 if self.with_reference else 0)
-        compute = k * self.model.params * tokens / (self.mfu * self.hardware.peak_flops * devices)
-        allreduce = 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.model.weight_bytes / self.hardware.link_bw
-        return compute + allreduce
+        return k * self.model.params * tokens / (self.mfu * self.hardware.peak_flops)
+
+    def allreduce_seconds(self, devices: int) -> float:
+        """Ring all-reduce of bf16 gradients over ``devices``."""
+        return 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.model.weight_bytes / self.hardware.link_bw
 
     def sync_seconds(self, devices: int) -> float:
         return self.sync_latency_s + self.model.weight_bytes / self.hardware.link_bw if devices > 1 else 0.0

@@ -30,7 +30,9 @@ from bidirl.sched.roles import DeviceState
 
 
 class CostModel(Protocol):
-    def train(self, devices: Tuple[int, ...], batch: List[Tuple[Chunk, int]]) -> float: ...
+    def train_work(self, batch: List[Tuple[Chunk, int]]) -> float: ...  # device-seconds, split over trainers
+
+    def allreduce(self, devices: int) -> float: ...
 
     def sync(self, devices: Tuple[int, ...]) -> float: ...
 
@@ -51,8 +53,11 @@ class FixedCosts:
     def generate(self, chunk: Chunk) -> float:
         return self.generate_per_group * chunk.groups
 
-    def train(self, devices: Tuple[int, ...], batch: List[Tuple[Chunk, int]]) -> float:
-        return self.train_step / len(devices)
+    def train_work(self, batch: List[Tuple[Chunk, int]]) -> float:
+        return self.train_step
+
+    def allreduce(self, devices: int) -> float:
+        return 0.0
 
     def sync(self, devices: Tuple[int, ...]) -> float:
         return self.sync_s
@@ -62,6 +67,30 @@ class FixedCosts:
 
     def switch(self, device: int) -> float:
         return self.switch_s
+
+
+@dataclass
+class Step:
+    """The train step in progress: gradient work left (device-seconds) shared by ``devices`` since ``since``."""
+
+    work_left: float
+    devices: int
+    since: float
+    epoch: int  # unique across steps, so a superseded finish of an earlier step never matches
+
+    def finish(self, allreduce: float) -> float:
+        return self.since + self.work_left / self.devices + allreduce
+
+    def join(self, now: float, epoch: int) -> None:
+        self.work_left -= self.devices * (now - self.since)
+        self.devices, self.since, self.epoch = self.devices + 1, now, epoch
+
+
+@dataclass(frozen=True)
+class StepTick:
+    """Internal: the step in progress ends now, unless a device joined it since (epoch changed)."""
+
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +112,8 @@ class Simulator:
         self.ticked: Dict[int, int] = {}
         self.trace_seen = 0
         self.dirty: set = set()
+        self.step: Optional[Step] = None
+        self.step_epochs = itertools.count()
 
     def push(self, time: float, event: Any) -> None:
         heapq.heappush(self.heap, (time, next(self.seq), event))
@@ -101,6 +132,10 @@ class Simulator:
                 for chunk in instance.finish_due(now):
                     self.handle(ev.ChunkDone(event.device, chunk), now)
                 self.dirty.add(event.device)
+            elif isinstance(event, StepTick):
+                if self.step is not None and event.epoch == self.step.epoch:
+                    self.step = None
+                    self.handle(ev.TrainDone(self.cluster.version + 1), now)
             else:
                 self.handle(event, now)
             self.reschedule_ticks()
@@ -129,9 +164,13 @@ class Simulator:
             else:
                 self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk))
                 self.dirty.add(action.device)
-        elif isinstance(action, ev.Train):
-            self.push(now + self.costs.train(action.devices, cluster.batch_chunks(cluster.version)),
-                      ev.TrainDone(cluster.version + 1))  # apply() composed the batch already
+        elif isinstance(action, ev.Train):  # apply() composed the batch already
+            self.step = Step(self.costs.train_work(cluster.batch_chunks(cluster.version)), len(action.devices), now,
+                             next(self.step_epochs))
+            self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
+        elif isinstance(action, ev.Join):  # the rest of the step's work is shared by one more device
+            self.step.join(now, next(self.step_epochs))
+            self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
         elif isinstance(action, ev.Sync):  # a background transfer: nobody waits for it
             self.push(now + self.costs.sync(action.devices), ev.SyncDone(cluster.syncing))
 
