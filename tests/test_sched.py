@@ -142,6 +142,10 @@ def test_borrowed_rollout_device_returns_home_before_its_pool_needs_it():
     lent = [r for r in cluster.trace if r["to"] == "switching" and r["role"] == "train"]
     returned = [r for r in cluster.trace if r["to"] == "switching" and r["role"] == "rollout"]
     assert lent and len(returned) == len(lent)  # every lease ends
+    assert [lease.epoch for lease in cluster.leases] == list(range(len(lent)))
+    assert not cluster.open_leases and all(lease.start < lease.end <= cluster.now for lease in cluster.leases)
+    summary = cluster.lease_summary()
+    assert set(summary) == {"rollout->train"} and summary["rollout->train"]["leases"] == len(lent)
     for chunk in cluster.chunks:  # and the device always generated while serving rollout
         starts = [r for r in cluster.trace if r["reason"].startswith(f"chunk {chunk.index}:")]
         assert starts[0]["role"] == "rollout"

@@ -252,7 +252,7 @@ class Controller:
             "sync_transfer_median_s": round(median(m["transfer_s"] for m in syncs), 4),
             "loads": len(self.reports["load"]),
             "load_median_ms": round(1000 * median(m["seconds"] for m in self.reports["load"]), 2),
-            "switches": switches, "curve": curve,
+            "switches": switches, "leases": cluster.lease_summary(), "curve": curve,
             "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),
         }
         if curve:

@@ -40,6 +40,10 @@ class Estimates:
     train_batch_s: float  # device-seconds of one optimizer step's gradient work (T)
     switch_s: float  # one role switch
     grad_transfer_s: float = 0.0  # returning one device's gradients to the primary
+    chunk_s: float = 0.0  # wall time of one chunk alone on a device: how long a lent trainer is away
+
+    def lease_s(self, chunk_groups: int) -> float:
+        return self.chunk_s or self.generate_group_s * chunk_groups
 
 
 def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
@@ -93,7 +97,7 @@ class VerlDynamicPolicy(AsyncPolicy):
             return
         generating = max(1, sum(1 for d in cluster.devices if d.role is Role.ROLLOUT))
         expected_wait = open_groups * self.estimates.generate_group_s / generating
-        if expected_wait <= 2 * self.estimates.switch_s + self.estimates.generate_group_s * cluster.chunk_groups:
+        if expected_wait <= 2 * self.estimates.switch_s + self.estimates.lease_s(cluster.chunk_groups):
             return
         for d in cluster.idle(Role.TRAIN):
             if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version:

@@ -28,6 +28,8 @@ Weights move in two phases, so the trainers never wait for a rollout device's sa
 
 Invariants (asserted here and by tests):
   * a device has one role and one state at a time; transitions follow ``roles.LEGAL_TRANSITIONS``;
+  * a device away from its home pool holds exactly one :class:`Lease`, and every lease ends (a run
+    finishes only with every device home);
   * staleness never exceeds eta (with deadlines); at most floor((v + eta + 1) * B) groups are admitted
     before version v + 1 exists (always); every admitted group is trained exactly once;
   * only the train pool creates versions (home trainers step identical optimizer replicas; a lent
@@ -46,6 +48,19 @@ from bidirl.sched import events as ev
 from bidirl.sched.roles import Device, DeviceState, Role
 
 S = DeviceState
+
+
+@dataclass
+class Lease:
+    """A device lent away from its home pool: opened when it starts switching away, ended when it is
+    back home. ``epoch`` numbers leases cluster-wide, so a message about an ended lease is recognisable."""
+
+    epoch: int
+    device: int
+    serves: Role  # the role it serves while lent
+    start: float
+    reason: str
+    end: Optional[float] = None
 
 
 @dataclass
@@ -99,6 +114,8 @@ class Cluster:
         self.training: Optional[ev.Train] = None
         self.training_devices: List[int] = []  # the step's devices, including any that joined it
         self.trace: List[dict] = []
+        self.leases: List[Lease] = []
+        self.open_leases: Dict[int, Lease] = {}  # device -> its lease in force
         # idle devices per served role, kept up to date from every traced transition (O(1) lookups)
         self.idle_sets: Dict[Role, set] = {Role.ROLLOUT: set(), Role.TRAIN: set()}
         for d in self.devices:
@@ -119,7 +136,7 @@ class Cluster:
     def finished(self) -> bool:
         """The last version exists and every device is idle at home (every lease has ended)."""
         return (self.version >= self.steps and self.training is None and self.syncing is None
-                and all(d.idle and not d.lent and not d.after_work for d in self.devices))
+                and not self.open_leases and all(d.idle and not d.lent and not d.after_work for d in self.devices))
 
     def admission_limit(self, version: int) -> int:
         """Groups that may have been admitted in all while the newest weights anywhere are ``version``.
@@ -276,6 +293,11 @@ class Cluster:
     def _start_switch(self, device: Device, action: ev.Switch) -> None:
         assert device.role is not action.role, f"device {device.index} already serves {action.role.value}"
         assert not device.after_work, f"device {device.index} has queued work; switch it after that"
+        if action.role is not device.home:
+            assert device.index not in self.open_leases, f"device {device.index} is already lent"
+            lease = Lease(len(self.leases), device.index, action.role, self.now, action.reason)
+            self.leases.append(lease)
+            self.open_leases[device.index] = lease
         if device.idle:
             device.transition(S.SWITCHING, self.now, action.reason or f"to {action.role.value}", self._log)
         else:
@@ -309,6 +331,8 @@ class Cluster:
         elif isinstance(event, ev.SwitchDone):
             device = self.devices[event.device]
             assert device.role is event.role
+            if event.role is device.home:
+                self.open_leases.pop(device.index).end = self.now
             self._next_queued(device, f"serves {event.role.value}")
 
     def _finish_train(self, event: ev.TrainDone) -> None:
@@ -344,6 +368,18 @@ class Cluster:
             device.transition(S.SYNCING, self.now, reason, self._log)
         else:
             device.transition(S.IDLE, self.now, reason, self._log)
+
+    def lease_summary(self) -> Dict[str, Dict[str, float]]:
+        """Per direction (home -> served role): how many leases, device-seconds lent, longest lease."""
+        out: Dict[str, Dict[str, float]] = {}
+        for lease in self.leases:
+            home = self.devices[lease.device].home.value
+            entry = out.setdefault(f"{home}->{lease.serves.value}", {"leases": 0, "device_s": 0.0, "longest_s": 0.0})
+            held = (lease.end if lease.end is not None else self.now) - lease.start
+            entry["leases"] += 1
+            entry["device_s"] = round(entry["device_s"] + held, 3)
+            entry["longest_s"] = round(max(entry["longest_s"], held), 3)
+        return out
 
     def _log(self, record: dict) -> None:
         self.trace.append(record)

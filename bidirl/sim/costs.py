@@ -21,7 +21,7 @@ class CalibratedCosts:
     def __init__(self, perf: PerfModel, workload: Workload, group_size: int, steps: int, seed: int,
                  switch_s: float, load_s: float):
         self.perf, self.workload, self.G, self.steps = perf, workload, group_size, steps
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.switch_s, self.load_s = switch_s, load_s
         self.chunk_tokens: Dict[int, int] = {}
         self.train_device_s = 0.0
@@ -37,8 +37,11 @@ class CalibratedCosts:
 
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
-        for _ in range(chunk.groups):
-            lengths += self.workload.group_lengths(self.rng, self.G, chunk.version, self.steps)
+        for group in range(chunk.first, chunk.first + chunk.groups):
+            # one stream per prompt group: every policy draws the same prompts (common random numbers),
+            # so policies are compared on one workload, not on different draws of it
+            rng = random.Random(self.seed * 1_000_003 + group)
+            lengths += self.workload.group_lengths(rng, self.G, chunk.version, self.steps)
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
         return lengths
 
@@ -67,15 +70,23 @@ class CalibratedCosts:
 
 
 def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, devices: int,
-              switch_s: float, seed: int = 12345) -> Estimates:
+              switch_s: float, chunk_groups: int = 8, seed: int = 12345) -> Estimates:
     """What a profiler would report: device-seconds per group when a device holds its share of a
-    batch, T for a batch on one device, switch and gradient-transfer costs."""
+    batch, T for a batch on one device, the wall time of one chunk alone on a device (a lent trainer's
+    lease: set by its longest sequence), switch and gradient-transfer costs."""
     costs = CalibratedCosts(perf, workload, group_size, 1, seed, switch_s, 0.0)
-    instance = costs.make_instance()
     share = max(1, batch_groups // max(1, devices // 2))
-    instance.admit(0.0, 0, costs.lengths(Chunk(0, 0, 0, share, 0)))
-    while instance.next_finish() is not None:
-        instance.finish_due(instance.next_finish())
+    shared = _run_alone(costs, 0, share)
     mean_tokens = costs.chunk_tokens[0] / (share * group_size)
     train = perf.train_seconds(batch_groups * group_size * mean_tokens, 1)
-    return Estimates(instance.clock / share, train, switch_s, perf.model.weight_bytes / perf.hardware.link_bw)
+    chunk_s = sum(_run_alone(costs, share + i * chunk_groups, chunk_groups) for i in range(5)) / 5
+    return Estimates(shared / share, train, switch_s, perf.model.weight_bytes / perf.hardware.link_bw, chunk_s)
+
+
+def _run_alone(costs: CalibratedCosts, first: int, groups: int) -> float:
+    """Seconds one device takes to generate groups ``first..first+groups-1`` with nothing else running."""
+    instance = costs.make_instance()
+    instance.admit(0.0, 0, costs.lengths(Chunk(0, 0, first, groups, 0)))
+    while instance.next_finish() is not None:
+        instance.finish_due(instance.next_finish())
+    return instance.clock

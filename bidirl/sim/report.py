@@ -42,14 +42,16 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
     table = Table(title=f"{cfg.cluster.devices} x {sim.hardware}, {sim.model}, {sim.workload}, "
                         f"{cfg.train.steps} steps of {cfg.train.prompts_per_step}x{cfg.rollout.group_size}")
     for column in ("policy", "split r/t", "eta", "samples/s", f"x {results[0].policy}", "step s", "tau*/tau",
-                   "idle rollout", "idle train", "switches"):
+                   "idle rollout", "idle train", "switches", "leases r->t / t->r"):
         table.add_column(column, justify="right")
     base = results[0].samples_per_s
     for r in results:
         table.add_row(r.policy, f"{r.rollout_devices}/{r.devices - r.rollout_devices}", str(r.eta),
                       f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
                       f"{r.efficiency:.2f}", f"{r.idle_ratio.get('rollout', 0.0):.1%}",
-                      f"{r.idle_ratio.get('train', 0.0):.1%}", str(r.switches))
+                      f"{r.idle_ratio.get('train', 0.0):.1%}", str(r.switches),
+                      f"{r.leases.get('rollout->train', {}).get('leases', 0)} / "
+                      f"{r.leases.get('train->rollout', {}).get('leases', 0)}")
     out.print(table)
 
 

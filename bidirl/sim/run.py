@@ -31,6 +31,7 @@ class SimResult:
     idle_ratio: Dict[str, float]
     staleness: Dict[int, int]
     switches: int
+    leases: Dict[str, Dict[str, float]]
     sim_seconds: float
     cluster: Optional[Cluster] = field(default=None, repr=False)
 
@@ -44,7 +45,7 @@ class SimResult:
                 "samples_per_s": round(self.samples_per_s, 3), "tokens_per_s": round(self.tokens_per_s, 1),
                 "step_s": round(self.step_s, 3), "ideal_step_s": round(self.ideal_step_s, 3),
                 "efficiency": round(self.efficiency, 3), "idle_ratio": self.idle_ratio,
-                "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches,
+                "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches, "leases": self.leases,
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
@@ -61,7 +62,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     B, G, devices = cfg.train.prompts_per_step, cfg.rollout.group_size, cfg.cluster.devices
     steps = cfg.train.steps
     chunk = cfg.launch.chunk_groups
-    est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s)
+    est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s, chunk)
     policy = build_policy(policy_name, est, B)
     eta = cfg.algorithm.staleness if eta is None else eta
     eta = 0 if policy.synchronous else eta
@@ -87,7 +88,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     return SimResult(policy_name, eta, sum(h is Role.ROLLOUT for h in homes), devices, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / cfg.train.steps, ideal,
                      pool_idle_ratio(cluster.trace, makespan, homes_map), dict(cluster.staleness),
-                     costs.switches, time.perf_counter() - start, cluster if keep_trace else None)
+                     costs.switches, cluster.lease_summary(), time.perf_counter() - start,
+                     cluster if keep_trace else None)
 
 
 def best_static_split(cfg: PipelineConfig, eta: int) -> SimResult:

@@ -11,6 +11,9 @@
             loads and switches begin when a device enters SYNCING / SWITCHING
         re-schedule the next finish of every instance that changed
 
+A train step is timed as gradient work (device-seconds) shared by its devices plus an all-reduce; a
+device that joins it (``Join``) takes a share of the work left, and the step's finish is re-timed.
+
 Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
 with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
 share the decode batch and a weight load pauses decoding instead of waiting for a chunk to end.
