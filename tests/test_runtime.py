@@ -111,6 +111,8 @@ def test_switch_round_trip_keeps_versions_consistent_and_generation_working(lend
         if record["to"] == "generating" and record["device"] == 0:
             assert record["version"] == newest  # back home, it generates with the newest weights
     assert trace[-1]["role"] == trace[-1]["home"]  # every lease ended
+    lent = [r for r in trace if r["to"] == "switching" and r["role"] == "train"]
+    assert summary["leases"]["rollout->train"]["leases"] == len(lent) > 0
     assert summary["steps"] == 4
 
 

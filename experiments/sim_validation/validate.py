@@ -1,4 +1,5 @@
-"""Simulator vs published figures (calibration.md): case A (veRL GSM8K step breakdown), case B (async vs sync).
+"""Simulator vs published figures (calibration.md): case A (veRL GSM8K step breakdown), case B (veRL
+fully-async vs colocated on 32 H20), case C (the BiDiRL RFC's borrowing ablation).
 
     .venv/bin/python experiments/sim_validation/validate.py
 
@@ -64,7 +65,27 @@ def case_b() -> List[str]:
     return lines
 
 
+def case_c() -> List[str]:
+    """The BiDiRL RFC ablation's setting: 16 GPUs split 4 rollout / 12 train, batch 60, ~2k responses."""
+    lines = ["| case C: 16xH100, 4/12, 60x8, math workload | none | RoT only | ToR only | both | "
+             "both / none (published) | both / best one direction (published) |", "|---|---|---|---|---|---|---|"]
+    published = {0: "1.51", 1: "1.30", 2: "1.17", 4: "1.11"}
+    for eta in (0, 1, 2, 4):
+        cfg = load_config("pipelines/sim-32gpu.yaml", [
+            "cluster.devices=16", "sim.workload=math", "train.prompts_per_step=60", "rollout.group_size=8",
+            "train.steps=30", f"algorithm.staleness={eta}", "launch.chunk_groups=4"])
+        r = {p: simulate(cfg, p, rollout_devices=4).samples_per_s
+             for p in ("bidirl-none", "bidirl-rot", "bidirl-tor", "bidirl")}
+        one = max(r["bidirl-rot"], r["bidirl-tor"])
+        lines.append(f"| eta={eta} | {r['bidirl-none']:.2f} | {r['bidirl-rot']:.2f} | {r['bidirl-tor']:.2f} | "
+                     f"{r['bidirl']:.2f} | {r['bidirl'] / r['bidirl-none']:.2f} ({published[eta]}) | "
+                     f"{r['bidirl'] / one:.2f} (1.10-1.12) |")
+    return lines
+
+
 if __name__ == "__main__":
     print("\n".join(case_a()))
     print()
     print("\n".join(case_b()))
+    print()
+    print("\n".join(case_c()))
