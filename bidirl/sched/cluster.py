@@ -92,6 +92,7 @@ class Cluster:
         if updates_per_sync != 1 and deadlines:
             raise ValueError("several optimizer updates per weight sync need count-only staleness (verl-async)")
         self.updates_per_sync = updates_per_sync  # u: batches (optimizer updates) per published version
+        self._limits: Dict[int, int] = {}
         self.devices = [Device(i, home) for i, home in enumerate(homes)]
         self.primary = primary if primary is not None else list(homes).index(Role.TRAIN)
         self.B, self.eta, self.steps, self.chunk_groups = batch_groups, eta, steps, chunk_groups
@@ -142,8 +143,12 @@ class Cluster:
         """Groups that may have been admitted in all while the newest weights anywhere are ``version``.
 
         With u updates per sync the window is u batches: ``floor((version / u + eta + 1) * u * B)``."""
-        u = self.updates_per_sync
-        return min(math.floor((version / u + self.eta + 1) * u * self.B), self.steps * self.B)
+        limit = self._limits.get(version)
+        if limit is None:  # memoised: admission is asked millions of times in a 1024-device simulation
+            u = self.updates_per_sync
+            limit = self._limits[version] = min(math.floor((version / u + self.eta + 1) * u * self.B),
+                                                self.steps * self.B)
+        return limit
 
     def next_chunk_size(self, limit: int = 0) -> int:
         """Groups of the next chunk: at most ``limit`` (default ``chunk_groups``) and what is left to admit."""

@@ -71,8 +71,9 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
         return  # nothing may start on any device (the common case while admission blocks): O(1)
     pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
     candidates = [cluster.devices[i] for i in sorted(pool)]
-    candidates = [d for d in candidates if d.role is Role.ROLLOUT and (home is None or d.home is home)
-                  and cluster.has_room(d, 1)]
+    # devices whose weights admission allows to start anything (often none, until they load the newest)
+    candidates = [d for d in candidates if cluster.admission_limit(d.version) > cluster.admitted
+                  and d.role is Role.ROLLOUT and (home is None or d.home is home) and cluster.has_room(d, 1)]
     if not candidates:
         return
     # no device takes more than its fair share of the work that may be outstanding now, so that a
@@ -86,11 +87,14 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     while heap and cluster.admitted < newest_limit:
         _, index = heapq.heappop(heap)
         device = cluster.devices[index]
-        groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device))
-        if (cluster.has_room(device, groups) and cluster.can_admit(device, groups)
-                and cluster.inflight[index] + groups <= share):
+        full_chunk = cluster.next_chunk_size(chunk)
+        groups = min(full_chunk, cluster.admissible(device))
+        fits = cluster.inflight[index] + groups <= share and cluster.has_room(device, groups)
+        if fits and cluster.can_admit(device, groups):
             issue(cluster, actions, ev.Generate(index, groups))
             heapq.heappush(heap, (cluster.inflight[index], index))
+        elif not fits and groups == full_chunk:
+            break  # least-loaded first: a full chunk fits no device after this one either
 
 
 def admission_blocked(cluster: Cluster, device) -> bool:

@@ -7,21 +7,20 @@ keeps the device-seconds of useful work, from which the ideal step time tau* = (
 
 from __future__ import annotations
 
-import random
 from typing import Dict, List, Tuple
 
 from bidirl.sched.borrowing import Estimates
 from bidirl.sched.cluster import Chunk
 from bidirl.sim.instance import Instance
 from bidirl.sim.perf import PerfModel
-from bidirl.sim.workload import Workload
+from bidirl.sim.workload import GroupDraws, Workload
 
 
 class CalibratedCosts:
     def __init__(self, perf: PerfModel, workload: Workload, group_size: int, steps: int, seed: int,
                  switch_s: float, load_s: float):
         self.perf, self.workload, self.G, self.steps = perf, workload, group_size, steps
-        self.seed = seed
+        self.draws = GroupDraws(seed, group_size)
         self.switch_s, self.load_s = switch_s, load_s
         self.chunk_tokens: Dict[int, int] = {}
         self.train_device_s = 0.0
@@ -38,10 +37,9 @@ class CalibratedCosts:
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
         for group in range(chunk.first, chunk.first + chunk.groups):
-            # one stream per prompt group: every policy draws the same prompts (common random numbers),
-            # so policies are compared on one workload, not on different draws of it
-            rng = random.Random(self.seed * 1_000_003 + group)
-            lengths += self.workload.group_lengths(rng, self.G, chunk.version, self.steps)
+            # fixed draws per prompt group (common random numbers): policies are compared on one
+            # workload, not on different draws of it
+            lengths += self.workload.group_lengths(self.draws, group, chunk.version, self.steps)
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
         return lengths
 

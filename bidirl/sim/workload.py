@@ -24,12 +24,36 @@ class Workload:
     sample_sigma: float  # spread of samples around their prompt's mean (within a group)
     drift: float = 0.0  # relative growth of the mean over the whole run
 
-    def group_lengths(self, rng: random.Random, group_size: int, step: int, steps: int) -> List[int]:
+    def group_lengths(self, draws: "GroupDraws", group: int, step: int, steps: int) -> List[int]:
+        """Lengths of prompt group ``group``'s samples when it is generated at ``step``: fixed standard
+        normal draws per group, scaled by this workload (and its drift at ``step``)."""
+        z_prompt, z_samples = draws.draws(group)
         mean = self.mean_tokens * (1.0 + self.drift * step / max(1, steps))
         # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2
-        prompt_mean = math.exp(rng.gauss(math.log(mean) - self.prompt_sigma ** 2 / 2, self.prompt_sigma))
+        prompt_mean = math.exp(math.log(mean) - self.prompt_sigma ** 2 / 2 + self.prompt_sigma * z_prompt)
         mu = math.log(prompt_mean) - self.sample_sigma ** 2 / 2
-        return [max(1, min(self.cap, int(math.exp(rng.gauss(mu, self.sample_sigma))))) for _ in range(group_size)]
+        return [max(1, min(self.cap, int(math.exp(mu + self.sample_sigma * z)))) for z in z_samples]
+
+
+class GroupDraws:
+    """Standard normal draws per prompt group that depend only on (seed, group): every policy sees the
+    same prompts (common random numbers). Drawn in blocks, because seeding a generator per group
+    would dominate a 1024-device simulation."""
+
+    BLOCK = 256
+
+    def __init__(self, seed: int, group_size: int):
+        self.seed, self.G = seed, group_size
+        self.block, self.cache = -1, []
+
+    def draws(self, group: int):
+        block, offset = divmod(group, self.BLOCK)
+        if block != self.block:
+            rng = random.Random(self.seed * 1_000_003 + block)
+            gauss = rng.gauss
+            self.block = block
+            self.cache = [(gauss(0.0, 1.0), [gauss(0.0, 1.0) for _ in range(self.G)]) for _ in range(self.BLOCK)]
+        return self.cache[offset]
 
 
 PRESETS: Dict[str, Workload] = {
