@@ -113,7 +113,8 @@ class ClusterConfig:
 @dataclass
 class LaunchConfig:
     # The scheduling policy (bidirl.sched.policies): sync = colocated veRL-style, async = fixed partition
-    # AReaL-style, async-lend = async + rollout devices lent to training when admission blocks them.
+    # AReaL-style, verl-async = veRL fully-async, async-lend = async + rollout devices lent to training
+    # when admission blocks them, bidirl = both directions, cost-gated on costs measured during the run.
     mode: str = "sync"
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
     collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
@@ -263,7 +264,7 @@ _CHOICES = {
     "sim.hardware": ("H100", "H200", "H20", "A100"),
     "sim.model": ("7B", "8B", "14B", "32B"),
     "sim.workload": ("gsm8k", "math", "reasoning", "dapo-28k"),
-    "launch.mode": ("sync", "verl", "async", "areal", "verl-async", "async-lend", "roll"),
+    "launch.mode": ("sync", "verl", "async", "areal", "verl-async", "async-lend", "roll", "bidirl"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 

@@ -142,6 +142,20 @@ def test_fully_async_streams_with_a_fractional_staleness_bound_in_the_live_runti
     assert summary["staleness_histogram"].get("1")  # and the trainer did use samples from the extra half
 
 
+def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tmp_path):
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl", "algorithm.staleness=0",
+                          "train.prompts_per_step=32", "train.steps=6")
+    summary = json.loads((root / "summary.json").read_text())
+    trace = read_jsonl(root / "trace.jsonl")
+    assert summary["leases"]["train->rollout"]["leases"] > 0  # the idle trainer generated ...
+    assert summary["leases"]["rollout->train"]["leases"] > 0  # ... and the blocked rollout device trained
+    assert any(r["to"] == "generating" and r["home"] == "train" for r in trace)
+    assert any(r["to"] == "training" and r["home"] == "rollout" for r in trace)
+    assert summary["staleness_histogram"] == {"0": 6 * 32} and trace[-1]["role"] == trace[-1]["home"]
+    steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
+    assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # lent devices generated with the newest weights
+
+
 def test_a_fractional_staleness_bound_is_refused_by_version_bounded_policies_before_launch(tmp_path):
     result = launch(tmp_path, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5")
     assert result.returncode == 2 and "Traceback" not in result.stderr

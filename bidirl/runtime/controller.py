@@ -32,8 +32,9 @@ from bidirl.grpo import assign_advantages
 from bidirl.prompts import format_prompt
 from bidirl.rundir import RunDir
 from bidirl.sched import events as ev
+from bidirl.sched.borrowing import MeasuredEstimates
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.policies import build_policy, partition
+from bidirl.sched.policies import NEEDS_ESTIMATES, build_policy, partition
 from bidirl.sched.roles import Role
 from bidirl.sched.trace import median, pool_idle_ratio, switch_overheads
 from bidirl.ui import progress_bar, say
@@ -42,11 +43,14 @@ from bidirl.ui import progress_bar, say
 class Controller:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, run: RunDir, devices: int, tokenizer: Any):
         self.cfg, self.devices, self.tokenizer, self.run = cfg, devices, tokenizer, run
-        self.policy = build_policy(cfg.launch.mode)
+        # cost-aware policies (bidirl) get their estimates from this run's own measurements
+        self.measured = MeasuredEstimates() if cfg.launch.mode in NEEDS_ESTIMATES else None
+        self.policy = build_policy(cfg.launch.mode, self.measured and self.measured.current(),
+                                   cfg.train.prompts_per_step)
         homes = partition(self.policy, devices, cfg.cluster.rollout_devices)
         eta = 0 if self.policy.synchronous else cfg.algorithm.staleness
         self.cluster = Cluster(homes, cfg.train.prompts_per_step, eta, cfg.train.steps, cfg.launch.chunk_groups,
-                               deadlines=self.policy.deadlines)
+                               deadlines=self.policy.deadlines, allows_join=False)
         self.mailbox = mailbox
         self.mailbox.publish("plan", {"primary": self.cluster.primary, "roles": [h.value for h in homes],
                                       "run_path": str(self.run.path)})
@@ -113,9 +117,11 @@ class Controller:
                 groups.setdefault(sample.prompt_index, []).append(sample)
             self.chunk_samples[message["chunk"]] = [groups[i] for i in sorted(groups)]
             self.chunk_seconds[message["chunk"]] = message["seconds"]
+            self.measure("chunk", message["seconds"], len(groups))
             return ev.ChunkDone(device, message["chunk"])
         if op == "switch_done":
             self.reports["switch"].append(message)
+            self.measure("switch", message["switch_s"])
             return ev.SwitchDone(device, Role(message["role"]))
         if op == "load_done":
             self.reports["load"].append(message)
@@ -131,9 +137,16 @@ class Controller:
             self.sync_seconds.append(time.perf_counter() - self.sync_started)
             return ev.SyncDone(self.cluster.syncing)
         primary = next(m for m in reversed(self.reports["train"]) if m["device"] == self.cluster.primary)
+        self.measure("step", primary["seconds"], len(self.cluster.training_devices), primary["reduce_s"])
         self.log_step(primary)
         self.version_seconds[primary["version"]] = time.perf_counter() - self.t0
         return ev.TrainDone(primary["version"])
+
+    def measure(self, kind: str, *values: float) -> None:
+        """Feeds a cost-aware policy the costs this run measures (a chunk, a step, a switch)."""
+        if self.measured is not None:
+            getattr(self.measured, kind)(*values)
+            self.policy.estimates = self.measured.current()
 
     # ---- actions -> commands ---------------------------------------------------------------------
     def execute(self, action: ev.Action) -> None:

@@ -40,11 +40,12 @@ def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, t
 
 def check_plan(cfg: PipelineConfig) -> None:
     """An impossible partition fails here, in one line, before any process starts."""
+    from bidirl.sched.borrowing import MeasuredEstimates
     from bidirl.sched.cluster import check_staleness
     from bidirl.sched.policies import build_policy, partition
 
     try:
-        policy = build_policy(cfg.launch.mode)
+        policy = build_policy(cfg.launch.mode, MeasuredEstimates().current(), cfg.train.prompts_per_step)
         partition(policy, cfg.cluster.devices, cfg.cluster.rollout_devices)
         check_staleness(0 if policy.synchronous else cfg.algorithm.staleness, policy.deadlines)
         if cfg.algorithm.updates_per_sync != 1:

@@ -45,6 +45,39 @@ class Estimates:
     def lease_s(self, chunk_groups: int) -> float:
         return self.chunk_s or self.generate_group_s * chunk_groups
 
+    @property
+    def measured(self) -> bool:
+        return self.generate_group_s > 0 and self.train_batch_s > 0
+
+
+class MeasuredEstimates:
+    """Estimates from the live run itself (moving averages of what the workers report), for drivers
+    without a performance model. Until a chunk and a step have been measured they are zero, and the
+    cost-aware policies lend nothing."""
+
+    def __init__(self, weight: float = 0.3):
+        self.weight = weight
+        self.values = {"generate_group_s": 0.0, "train_batch_s": 0.0, "switch_s": 0.0, "grad_transfer_s": 0.0,
+                       "chunk_s": 0.0}
+
+    def _observe(self, name: str, value: float) -> None:
+        old = self.values[name]
+        self.values[name] = value if old == 0.0 else (1 - self.weight) * old + self.weight * value
+
+    def chunk(self, seconds: float, groups: int) -> None:
+        self._observe("generate_group_s", seconds / groups)
+        self._observe("chunk_s", seconds)
+
+    def step(self, seconds: float, devices: int, reduce_s: float) -> None:
+        self._observe("train_batch_s", (seconds - reduce_s) * devices)  # device-seconds of gradient work
+        self._observe("grad_transfer_s", reduce_s)
+
+    def switch(self, seconds: float) -> None:
+        self._observe("switch_s", seconds)
+
+    def current(self) -> Estimates:
+        return Estimates(**self.values)
+
 
 def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
     """Rollout devices x minimising max(R / x, T / (n - x)): StreamRL's / the planner's static balance."""
@@ -134,6 +167,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         self.work_left, self.step_devices_n, self.since = 0.0, 1, 0.0  # estimated step in progress
 
     def default_rollout_devices(self, devices: int) -> int:
+        if not self.estimates.measured:  # a live run measures as it goes: start from half
+            return max(1, devices // 2)
         return balanced_split(devices, self.estimates, self.batch_groups)  # the planner's job; balanced for now
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
@@ -150,6 +185,9 @@ class BidirlPolicy(VerlDynamicPolicy):
         home = cluster.pool(Role.TRAIN)
         if not all(d.role is Role.TRAIN and d.idle and d.version == cluster.version for d in home):
             return []
+        switching_in = any(d.home is Role.ROLLOUT and d.role is Role.TRAIN and not d.idle for d in cluster.devices)
+        if switching_in and not cluster.allows_join:
+            return []  # the live worker splits the batch at the start: wait for the borrowed devices
         borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
         devices = home + borrowed
         self.work_left, self.step_devices_n, self.since = self.estimates.train_batch_s, len(devices), cluster.now
@@ -179,7 +217,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         for d in cluster.idle(Role.TRAIN):
             if d.home is not Role.ROLLOUT or d.after_work:
                 continue
-            if cluster.training is not None and d.version == cluster.version \
+            if cluster.training is not None and d.version == cluster.version and cluster.allows_join \
                     and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
                 issue(cluster, actions, ev.Join(d.index))
                 self.work_left -= self.step_devices_n * (cluster.now - self.since)
@@ -188,8 +226,10 @@ class BidirlPolicy(VerlDynamicPolicy):
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """Lend every rollout device that admission blocks, while a step runs or its batch is ready."""
-        if cluster.training is None and not cluster.batch_ready():
+        """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
+        join it) or its batch is ready."""
+        if not (cluster.batch_ready() and cluster.training is None) and not (
+                cluster.training is not None and cluster.allows_join):
             return
         blocked = [d for d in cluster.idle(Role.ROLLOUT)
                    if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version

@@ -85,7 +85,7 @@ def check_staleness(eta: float, deadlines: bool) -> None:
 class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: int, steps: int, chunk_groups: int,
                  primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
-                 deadlines: bool = True, updates_per_sync: int = 1):
+                 deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
         check_staleness(eta, deadlines)
@@ -100,6 +100,9 @@ class Cluster:
         # of continuous batching in the simulator
         self.inflight_groups = inflight_groups or chunk_groups
         self.interruptible = interruptible
+        # can the driver add a device to a train step in progress (``Join``)? The simulator can; the
+        # live worker splits a step's batch when the step starts, so there lent devices join at the start
+        self.allows_join = allows_join
         self.deadlines = deadlines
         self.version = 0  # newest version, held by the primary trainer
         self.published = 0  # newest version staged on every device
@@ -261,6 +264,7 @@ class Cluster:
             device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high})", self._log)
 
     def _join_train(self, device: Device) -> None:
+        assert self.allows_join, "this driver cannot add a device to a step in progress"
         assert self.training is not None, "a device can only join a step in progress"
         assert device.role is Role.TRAIN and device.idle and device.index not in self.training_devices
         assert device.version == self.version, f"device {device.index} would compute gradients on stale weights"
