@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import List
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster
+from bidirl.sched.cluster import Cluster, StepProgress
 from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
 from bidirl.sched.roles import DeviceState, Role
 
@@ -164,7 +164,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         super().__init__(estimates)
         self.batch_groups = batch_groups
         self.rollout_on_train, self.train_on_rollout = rollout_on_train, train_on_rollout
-        self.work_left, self.step_devices_n, self.since = 0.0, 1, 0.0  # estimated step in progress
+        self.step = StepProgress(0.0, 1, 0.0)  # estimate of the step in progress
 
     def default_rollout_devices(self, devices: int) -> int:
         if not self.estimates.measured:  # a live run measures as it goes: start from half
@@ -190,22 +190,20 @@ class BidirlPolicy(VerlDynamicPolicy):
             return []  # the live worker splits the batch at the start: wait for the borrowed devices
         borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
         devices = home + borrowed
-        self.work_left, self.step_devices_n, self.since = self.estimates.train_batch_s, len(devices), cluster.now
+        self.step = StepProgress(self.estimates.train_batch_s, len(devices), cluster.now)
         return devices
 
     def remaining_s(self, cluster: Cluster) -> float:
         """Estimated seconds left in the step in progress (the whole step, T/n, if it has not started)."""
         if cluster.training is None:
-            trainers = sum(1 for d in cluster.pool(Role.TRAIN))
-            return self.estimates.train_batch_s / trainers
-        done = self.step_devices_n * (cluster.now - self.since)
-        return max(0.0, self.work_left - done) / self.step_devices_n
+            return self.estimates.train_batch_s / len(cluster.pool(Role.TRAIN))
+        return self.step.seconds_left(cluster.now)
 
     def pays(self, cluster: Cluster, joining: int) -> bool:
         """Would ``joining`` more devices, arriving after one switch, finish the work left sooner by
         more than the switch home they cost afterwards?"""
         est, left = self.estimates, self.remaining_s(cluster)
-        n = self.step_devices_n if cluster.training is not None else sum(1 for _ in cluster.pool(Role.TRAIN))
+        n = self.step.devices if cluster.training is not None else len(cluster.pool(Role.TRAIN))
         n += sum(1 for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.TRAIN
                  and d.state is DeviceState.SWITCHING)  # already on their way in
         with_help = est.switch_s + max(0.0, left - est.switch_s) * n / (n + joining) + est.grad_transfer_s
@@ -220,8 +218,7 @@ class BidirlPolicy(VerlDynamicPolicy):
             if cluster.training is not None and d.version == cluster.version and cluster.allows_join \
                     and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
                 issue(cluster, actions, ev.Join(d.index))
-                self.work_left -= self.step_devices_n * (cluster.now - self.since)
-                self.step_devices_n, self.since = self.step_devices_n + 1, cluster.now
+                self.step.join(cluster.now)
             elif cluster.training is not None or not cluster.batch_ready() or d.version != cluster.version:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Chunk, Cluster
+from bidirl.sched.cluster import Chunk, Cluster, StepProgress
 from bidirl.sched.roles import DeviceState
 
 
@@ -72,23 +72,6 @@ class FixedCosts:
         return self.switch_s
 
 
-@dataclass
-class Step:
-    """The train step in progress: gradient work left (device-seconds) shared by ``devices`` since ``since``."""
-
-    work_left: float
-    devices: int
-    since: float
-    epoch: int  # unique across steps, so a superseded finish of an earlier step never matches
-
-    def finish(self, allreduce: float) -> float:
-        return self.since + self.work_left / self.devices + allreduce
-
-    def join(self, now: float, epoch: int) -> None:
-        self.work_left -= self.devices * (now - self.since)
-        self.devices, self.since, self.epoch = self.devices + 1, now, epoch
-
-
 @dataclass(frozen=True)
 class StepTick:
     """Internal: the step in progress ends now, unless a device joined it since (epoch changed)."""
@@ -115,7 +98,7 @@ class Simulator:
         self.ticked: Dict[int, int] = {}
         self.trace_seen = 0
         self.dirty: set = set()
-        self.step: Optional[Step] = None
+        self.step: Optional[StepProgress] = None
         self.step_epochs = itertools.count()
 
     def push(self, time: float, event: Any) -> None:
@@ -168,8 +151,8 @@ class Simulator:
                 self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk))
                 self.dirty.add(action.device)
         elif isinstance(action, ev.Train):  # apply() composed the batch already
-            self.step = Step(self.costs.train_work(cluster.batch_chunks(cluster.version)), len(action.devices), now,
-                             next(self.step_epochs))
+            self.step = StepProgress(self.costs.train_work(cluster.batch_chunks(cluster.version)),
+                                     len(action.devices), now, next(self.step_epochs))
             self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
         elif isinstance(action, ev.Join):  # the rest of the step's work is shared by one more device
             self.step.join(now, next(self.step_epochs))
