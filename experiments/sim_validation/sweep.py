@@ -62,8 +62,10 @@ def row(args) -> str:
     cells.append(f"{cell(tuned)} {tuned.rollout_devices}/{tuned.devices - tuned.rollout_devices}")
     cells += [cell(ablation[p]) for p in ABLATION]
     cells.append(f"{cell(own)} {own.rollout_devices}/{own.devices - own.rollout_devices}")
-    return (f"| {workload} | {eta} | " + " | ".join(cells) +
+    line = (f"| {workload} | {eta} | " + " | ".join(cells) +
             f" | {bidirl / best.samples_per_s:.2f} ({best_name}) | {bidirl / tuned.samples_per_s:.2f} |")
+    ratios = [bidirl / r.samples_per_s for r in [*baselines.values(), tuned]]
+    return line, f"| {workload} | {eta} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |"
 
 
 if __name__ == "__main__":
@@ -75,6 +77,12 @@ if __name__ == "__main__":
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)
     jobs = [(workload, eta, steps, seeds) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
+    ratio_lines = []
     with Pool(processes) as pool:
-        for line in pool.imap(row, jobs):
+        for line, ratios in pool.imap(row, jobs):
             print(line, flush=True)
+            ratio_lines.append(ratios)
+    print("\nbidirl @ tuned split / each baseline:\n")
+    print("| workload | eta | " + " | ".join(f"x {p}" for p in [*BASELINES, "tuned split"]) + " |")
+    print("|" + "---|" * (len(BASELINES) + 3))
+    print("\n".join(ratio_lines))
