@@ -158,6 +158,28 @@ def test_lending_an_idle_rollout_device_shortens_a_training_bound_run():
     assert set(lending.staleness) == {0}
 
 
+def test_measured_estimates_are_zero_until_measured_and_then_follow_the_run():
+    from bidirl.sched.borrowing import MeasuredEstimates
+
+    measured = MeasuredEstimates(weight=0.5)
+    assert not measured.current().measured
+    measured.chunk(seconds=2.0, groups=4)
+    measured.step(seconds=3.0, devices=2, reduce_s=0.5)  # 2.5 s of gradient work on each of 2 devices
+    first = measured.current()
+    assert first.measured and (first.generate_group_s, first.chunk_s, first.train_batch_s) == (0.5, 2.0, 5.0)
+    measured.chunk(seconds=4.0, groups=4)
+    assert measured.current().generate_group_s == 0.75  # a moving average, not the last value
+
+
+def test_bidirl_lends_nothing_before_it_has_measured_any_cost():
+    from bidirl.sched.borrowing import MeasuredEstimates
+
+    policy = build_policy("bidirl", MeasuredEstimates().current(), 8)
+    cluster = Cluster(policy.homes(2, 1), 8, 0, 4, 4, allows_join=False)
+    Simulator(cluster, policy, FixedCosts(generate_per_group=0.1, train_step=1.6)).run()
+    assert not cluster.leases and cluster.version == 4
+
+
 def test_the_scheduling_core_never_imports_torch():
     code = ("import sys, bidirl.sched.policies, bidirl.sched.trace, bidirl.sim.simulator; "
             "assert 'torch' not in sys.modules, 'torch imported'")
