@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import List
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster, StepProgress
+from bidirl.sched.cluster import Cluster
+from bidirl.sched.progress import StepProgress
 from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
 from bidirl.sched.roles import DeviceState, Role
 

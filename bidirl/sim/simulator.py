@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Chunk, Cluster, StepProgress
+from bidirl.sched.cluster import Chunk, Cluster
+from bidirl.sched.progress import StepProgress
 from bidirl.sched.roles import DeviceState
 
 
