@@ -194,19 +194,22 @@ class BidirlPolicy(VerlDynamicPolicy):
         self.step = StepProgress(self.estimates.train_batch_s, len(devices), cluster.now)
         return devices
 
+    def trainers(self, cluster: Cluster) -> int:
+        """Devices sharing the step in progress, or the home trainers that will start the next one."""
+        return self.step.devices if cluster.training is not None else len(cluster.pool(Role.TRAIN))
+
     def remaining_s(self, cluster: Cluster) -> float:
         """Estimated seconds left in the step in progress (the whole step, T/n, if it has not started)."""
         if cluster.training is None:
-            return self.estimates.train_batch_s / len(cluster.pool(Role.TRAIN))
+            return self.estimates.train_batch_s / self.trainers(cluster)
         return self.step.seconds_left(cluster.now)
 
     def pays(self, cluster: Cluster, joining: int) -> bool:
         """Would ``joining`` more devices, arriving after one switch, finish the work left sooner by
         more than the switch home they cost afterwards?"""
         est, left = self.estimates, self.remaining_s(cluster)
-        n = self.step.devices if cluster.training is not None else len(cluster.pool(Role.TRAIN))
-        n += sum(1 for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.TRAIN
-                 and d.state is DeviceState.SWITCHING)  # already on their way in
+        n = self.trainers(cluster) + sum(1 for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.TRAIN
+                                         and d.state is DeviceState.SWITCHING)  # already on their way in
         with_help = est.switch_s + max(0.0, left - est.switch_s) * n / (n + joining) + est.grad_transfer_s
         return left - with_help > est.switch_s
 
@@ -226,8 +229,8 @@ class BidirlPolicy(VerlDynamicPolicy):
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
         join it) or its batch is ready."""
-        if not (cluster.batch_ready() and cluster.training is None) and not (
-                cluster.training is not None and cluster.allows_join):
+        step_open = cluster.training is not None and cluster.allows_join
+        if not (step_open or (cluster.training is None and cluster.batch_ready())):
             return
         blocked = [d for d in cluster.idle(Role.ROLLOUT)
                    if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version

@@ -71,9 +71,8 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
         return  # nothing may start on any device (the common case while admission blocks): O(1)
     pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
     candidates = [cluster.devices[i] for i in sorted(pool)]
-    # devices whose weights admission allows to start anything (often none, until they load the newest)
-    candidates = [d for d in candidates if cluster.admission_limit(d.version) > cluster.admitted
-                  and d.role is Role.ROLLOUT and (home is None or d.home is home) and cluster.has_room(d, 1)]
+    candidates = [d for d in candidates if d.role is Role.ROLLOUT and (home is None or d.home is home)
+                  and cluster.has_room(d, 1)]
     if not candidates:
         return
     # no device takes more than its fair share of the work that may be outstanding now, so that a

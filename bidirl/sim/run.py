@@ -83,10 +83,10 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     makespan = cluster.now
     samples = cluster.trained_groups * G
     rollout_device_s = sum(i.busy_s for i in simulator.instances.values())
-    ideal = (rollout_device_s + costs.train_device_s) / devices / cfg.train.steps
+    ideal = (rollout_device_s + costs.train_device_s) / devices / steps
     homes_map = {d.index: d.home.value for d in cluster.devices}
     return SimResult(policy_name, eta, sum(h is Role.ROLLOUT for h in homes), devices, makespan,
-                     samples / makespan, costs.tokens() / makespan, makespan / cfg.train.steps, ideal,
+                     samples / makespan, costs.tokens() / makespan, makespan / steps, ideal,
                      pool_idle_ratio(cluster.trace, makespan, homes_map), dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
                      cluster if keep_trace else None)
