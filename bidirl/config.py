@@ -4,6 +4,11 @@ Dataclasses -> ``OmegaConf.structured`` -> merged with the pipeline YAML -> merg
 overrides from the command line -> a typed :class:`PipelineConfig`. Every mistake a user can make
 (unknown key, wrong type, missing file, malformed YAML) becomes a :class:`ConfigError` whose one-line
 message names the file and the key. This module imports neither torch nor transformers.
+
+Names that another module owns are validated against that module's registry, never a copy here:
+policies (``launch.mode``, ``sim.policies``: :mod:`bidirl.sched.policy`), engines
+(:mod:`bidirl.engines`), hardware and models (:mod:`bidirl.perf.analytic`), workloads
+(:mod:`bidirl.perf.workload`). The remaining enumerations belong to the schema itself.
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from bidirl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from bidirl.errors import ConfigError
+from bidirl.perf.analytic import HARDWARE, MODELS
+from bidirl.perf.workload import PRESETS as WORKLOADS
+from bidirl.sched.assembly import RunShape
+from bidirl.sched.policy import policy_names
 
 STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
 
@@ -60,7 +70,7 @@ class DataConfig:
     train_size: int = 20000
     eval_size: int = 200
     seed: int = 0
-    # "plain" (Question:/Answer:) or "chat" (the tokenizer's chat template, for instruct models).
+    # "plain" (Question:/Answer:), "compact" (<q> =) or "chat" (the tokenizer's chat template, for instruct models).
     prompt_style: str = "plain"
     few_shot: int = 0
 
@@ -112,9 +122,10 @@ class ClusterConfig:
 
 @dataclass
 class LaunchConfig:
-    # The scheduling policy (bidirl.sched.policies): sync = colocated veRL-style, async = fixed partition
-    # AReaL-style, verl-async = veRL fully-async, async-lend = async + rollout devices lent to training
-    # when admission blocks them, bidirl = both directions, cost-gated on costs measured during the run.
+    # The scheduling policy, any name in bidirl.sched.policy's registry: sync = colocated veRL-style,
+    # async = fixed partition AReaL-style, verl-async = veRL fully-async, async-lend = async + rollout
+    # devices lent to training when admission blocks them, bidirl = both directions, cost-gated on
+    # costs measured during the run (and roll, streamrl, verl-dynamic, the bidirl ablations).
     mode: str = "sync"
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
     collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
@@ -132,9 +143,9 @@ class LoggingConfig:
 class SimConfig:
     """The simulated cluster (``bidirl simulate``); sizes come from cluster/train/rollout/algorithm."""
 
-    hardware: str = "H100"  # H100 | H200 | H20 | A100
-    model: str = "7B"  # 7B | 8B | 14B | 32B
-    workload: str = "gsm8k"  # gsm8k | math | reasoning | dapo-28k
+    hardware: str = "H100"  # a name in bidirl.perf.analytic.HARDWARE
+    model: str = "7B"  # a name in bidirl.perf.analytic.MODELS
+    workload: str = "gsm8k"  # a name in bidirl.perf.workload.PRESETS
     policies: List[str] = field(default_factory=lambda: ["verl", "areal", "roll", "streamrl", "verl-dynamic", "bidirl"])
     switch_s: float = 0.5  # one hot role switch (RLinf: "within 1 s")
     reshard_s: float = 1.2  # veRL colocated train -> generation reshard per step (7B, 8xH100)
@@ -161,6 +172,13 @@ class PipelineConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+
+    def run_shape(self) -> RunShape:
+        """The sizes the scheduler assembles a run from (:func:`bidirl.sched.assembly.assemble`)."""
+        return RunShape(devices=self.cluster.devices, rollout_devices=self.cluster.rollout_devices,
+                        batch_groups=self.train.prompts_per_step, steps=self.train.steps,
+                        chunk_groups=self.launch.chunk_groups, staleness=float(self.algorithm.staleness),
+                        updates_per_sync=self.algorithm.updates_per_sync)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:
@@ -256,15 +274,14 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "data.source": ("reasoning_gym", "gsm8k"),
     "data.prompt_style": ("plain", "compact", "chat"),
-    "rollout.engine": ("hf", "vllm"),
-    "train.engine": ("torch", "deepspeed"),
+    "rollout.engine": tuple(ROLLOUT_ENGINES),
+    "train.engine": tuple(TRAIN_ENGINES),
     "algorithm.name": ("grpo",),
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
-    "sim.hardware": ("H100", "H200", "H20", "A100"),
-    "sim.model": ("7B", "8B", "14B", "32B"),
-    "sim.workload": ("gsm8k", "math", "reasoning", "dapo-28k"),
-    "launch.mode": ("sync", "verl", "async", "areal", "verl-async", "async-lend", "roll", "bidirl"),
+    "sim.hardware": tuple(HARDWARE),
+    "sim.model": tuple(MODELS),
+    "sim.workload": tuple(WORKLOADS),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 
@@ -272,7 +289,7 @@ _CHOICES = {
 def _check_values(cfg: PipelineConfig, source: str) -> None:
     """Checks the schema cannot express: enumerations, stage names, positive sizes."""
     node = OmegaConf.structured(cfg)
-    for key, allowed in _CHOICES.items():
+    for key, allowed in {**_CHOICES, "launch.mode": policy_names()}.items():
         value = OmegaConf.select(node, key)
         if value not in allowed:
             raise ConfigError(f"{source}: key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
@@ -281,6 +298,9 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
             close = difflib.get_close_matches(stage, STAGES, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (valid: {', '.join(STAGES)})"
             raise ConfigError(f"{source}: unknown stage '{stage}' in 'stages'{hint}")
+    for policy in cfg.sim.policies:
+        if policy not in policy_names():
+            raise ConfigError(f"{source}: unknown policy '{policy}' in 'sim.policies' (known: {', '.join(policy_names())})")
     for key in ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "cluster.devices",
                 "launch.chunk_groups"):
         if OmegaConf.select(node, key) < 1:

@@ -31,7 +31,7 @@ def engine_accuracy(
     chunk: int = 256,
     on_batch: Optional[Callable[[int], None]] = None,
 ) -> EvalResult:
-    from bidirl.engines.protocols import SamplingParams
+    from bidirl.samples import SamplingParams
 
     greedy = SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0)
     texts: List[str] = []

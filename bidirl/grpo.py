@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
-from bidirl.engines.protocols import Sample
+from bidirl.samples import Sample
 
 IMPORTANCE_WEIGHT_CAP = 5.0
 

@@ -41,7 +41,7 @@ def stage_prepare_model(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 def rollout_engine(cfg: PipelineConfig, state: State) -> Any:
     """The run's rollout engine, started once and shared by the stages (vLLM start-up costs seconds)."""
-    from bidirl.engines import build_rollout_engine
+    from bidirl.engines.build import build_rollout_engine
 
     if "rollout" not in state:
         state["rollout"] = build_rollout_engine(cfg, state["model"].path)
@@ -51,15 +51,15 @@ def rollout_engine(cfg: PipelineConfig, state: State) -> Any:
 def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     from bidirl.data import load_problems
     from bidirl.evaluate import engine_accuracy
-    from bidirl.prompts import format_prompt
+    from bidirl.prompts import PromptBuilder
     from bidirl.ui import progress_bar
 
     if "model" not in state:
         stage_prepare_model(cfg, run, state)
     engine = rollout_engine(cfg, state)
     problems = load_problems(cfg.data, "test")
-    shots = load_problems(cfg.data, "train")[: cfg.data.few_shot] if cfg.data.few_shot else []
-    prompts = [format_prompt(p, cfg.data.prompt_style, engine.tokenizer, shots) for p in problems]
+    prompt = PromptBuilder.for_run(cfg.data, engine.tokenizer)
+    prompts = [prompt(p) for p in problems]
     start = time.time()
     with progress_bar("greedy eval", len(problems), cfg.logging.progress) as advance:
         result = engine_accuracy(engine, problems, prompts, cfg.rollout.max_new_tokens, on_batch=advance)
@@ -73,8 +73,9 @@ def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     from bidirl.runtime.local import train_in_process
+    from bidirl.sched.policy import POLICIES
 
-    if cfg.launch.mode not in ("sync", "verl"):
+    if not POLICIES[cfg.launch.mode].synchronous:
         raise BidirlError(f"launch.mode={cfg.launch.mode} needs a rollout pool and a train pool: "
                           "use `bidirl launch` with cluster.devices >= 2")
     if "model" not in state:

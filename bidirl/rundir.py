@@ -39,8 +39,9 @@ class RunDir:
             raise
         self.started = time.time()
 
-    def log(self, step: int, **metrics: Any) -> None:
-        row = {"step": step, "time_s": round(time.time() - self.started, 3), **metrics}
+    def log(self, step: int, time_s: Optional[float] = None, **metrics: Any) -> None:
+        """One metrics row; ``time_s`` defaults to now (pass it for something measured earlier)."""
+        row = {"step": step, "time_s": round(time.time() - self.started, 3) if time_s is None else time_s, **metrics}
         self._metrics.write(json.dumps(row) + "\n")
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)

@@ -20,8 +20,8 @@ def gaps(trainer, samples):
 def main() -> None:
     from bidirl.config import load_config
     from bidirl.data import load_problems
-    from bidirl.engines import build_rollout_engine, build_train_engine
-    from bidirl.engines.protocols import SamplingParams
+    from bidirl.engines.build import build_rollout_engine, build_train_engine
+    from bidirl.samples import SamplingParams
     from bidirl.grpo import assign_advantages
     from bidirl.models.sources import prepare_model
     from bidirl.prompts import format_prompt

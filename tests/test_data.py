@@ -92,3 +92,19 @@ def test_every_real_gsm8k_reference_parses_and_its_own_solution_scores_one():
     assert len(problems) == 8792
     for problem in problems:
         assert numeric_reward(problem.solution, problem.answer) == 1.0, problem.solution[-80:]
+
+
+def test_few_shot_examples_reach_the_training_prompts_not_only_the_evaluate_stage():
+    from bidirl.config import load_config
+    from bidirl.prompts import PromptBuilder
+    from bidirl.runtime.batches import RolloutData
+    from bidirl.sched.cluster import Chunk
+
+    cfg = load_config(None, ["data.few_shot=2", "data.prompt_style=compact", "data.train_size=50",
+                             "data.eval_size=10", "rollout.group_size=2"])
+    prompt = PromptBuilder.for_run(cfg.data)  # the one builder of the run: training and both evaluations
+    request = RolloutData(cfg, prompt).request(Chunk(index=0, device=0, first=0, groups=3, version=0))
+    first, second = prompt.shots
+    assert len(request.prompts) == 3
+    assert all(p.startswith(f"{first.question} = {first.answer}\n{second.question} = {second.answer}\n")
+               for p in request.prompts)

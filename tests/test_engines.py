@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bidirl.engines.hf_rollout import HFRolloutEngine
-from bidirl.engines.protocols import SamplingParams
+from bidirl.samples import SamplingParams
 from bidirl.engines.torch_train import TorchTrainEngine
 from bidirl.errors import BidirlError
 from bidirl.grpo import assign_advantages

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from bidirl.engines.protocols import Sample
+from bidirl.samples import Sample
 from bidirl.grpo import IMPORTANCE_WEIGHT_CAP, assign_advantages, group_advantages, policy_loss
 
 

@@ -182,3 +182,12 @@ def test_deepspeed_zero_partitions_are_refused_by_launch_in_one_line(tmp_path):
     result = launch(tmp_path, "cluster.devices=2", "launch.mode=async", "train.engine=deepspeed", "train.zero_stage=2")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: bidirl launch supports train.engine=deepspeed")
+
+
+def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_taken(async_run):
+    rows = read_jsonl(async_run / "metrics.jsonl")
+    trained_at = {r["step"]: r["time_s"] for r in rows if "reward_mean" in r}
+    evals = [r for r in rows if "eval_accuracy" in r and "stage" not in r]
+    assert [r["step"] for r in evals] == [0, 2, 4] and evals[0]["time_s"] == 0.0
+    for row in evals[1:]:  # evaluated after training, but placed when that version existed
+        assert row["time_s"] == pytest.approx(trained_at[row["step"]], abs=0.05)

@@ -8,7 +8,7 @@ import pytest
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.policies import build_policy
+from bidirl.sched.policy import build_policy
 from bidirl.sched.roles import LEGAL_TRANSITIONS, Device, DeviceState, IllegalTransition, Role
 from bidirl.sched.trace import intervals, pool_idle_ratio, switch_overheads
 from bidirl.sim.simulator import FixedCosts, Simulator
@@ -159,7 +159,7 @@ def test_lending_an_idle_rollout_device_shortens_a_training_bound_run():
 
 
 def test_measured_estimates_are_zero_until_measured_and_then_follow_the_run():
-    from bidirl.sched.borrowing import MeasuredEstimates
+    from bidirl.sched.estimates import MeasuredEstimates
 
     measured = MeasuredEstimates(weight=0.5)
     assert not measured.current().measured
@@ -172,9 +172,9 @@ def test_measured_estimates_are_zero_until_measured_and_then_follow_the_run():
 
 
 def test_bidirl_lends_nothing_before_it_has_measured_any_cost():
-    from bidirl.sched.borrowing import MeasuredEstimates
+    from bidirl.sched.estimates import MeasuredEstimates
 
-    policy = build_policy("bidirl", MeasuredEstimates().current(), 8)
+    policy = build_policy("bidirl", MeasuredEstimates(), 8)
     cluster = Cluster(policy.homes(2, 1), 8, 0, 4, 4, allows_join=False)
     Simulator(cluster, policy, FixedCosts(generate_per_group=0.1, train_step=1.6)).run()
     assert not cluster.leases and cluster.version == 4

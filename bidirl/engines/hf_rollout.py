@@ -11,14 +11,15 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Sequence
 
-from bidirl.engines.protocols import PauseGate, Sample, SamplingParams
+from bidirl.engines.protocols import PauseGate
+from bidirl.samples import Sample, SamplingParams
 from bidirl.models.sources import load_model
 
 
 class HFRolloutEngine(PauseGate):
     max_batch = 256  # sequences per generate call
 
-    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0):
+    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, cache_root: str = ""):
         import torch
 
         super().__init__()

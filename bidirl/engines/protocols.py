@@ -1,63 +1,54 @@
-"""The two engine protocols every runtime mode uses, and the sample they exchange.
+"""The two engine protocols, exactly as the runtime, the evaluation and the experiments use them.
 
-A :class:`RolloutEngine` turns prompts into :class:`Sample` objects that carry everything the trainer
-needs to correct for staleness: the token ids, the behaviour policy's per-token log-probs and the
-policy version that produced them. A :class:`TrainEngine` turns batches of samples into gradients and
-optimizer steps, and hands out its weights for synchronisation to rollout engines.
+A :class:`RolloutEngine` turns prompts into :class:`~bidirl.samples.Sample` objects (token ids,
+behaviour log-probs, the version that produced them). A :class:`TrainEngine` turns samples into
+gradients and optimizer steps and hands out its weights for rollout engines to load. Engines are
+chosen once by name (:mod:`bidirl.engines`); callers only ever use what is written here.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Dict, List, Protocol, Sequence
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1  # samples per prompt (the GRPO group size)
-    max_new_tokens: int = 16
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: Optional[int] = None
-
-
-@dataclass
-class Sample:
-    prompt_index: int  # which prompt of the request this sample answers
-    prompt_ids: List[int]
-    completion_ids: List[int]
-    text: str
-    logprobs: List[float]  # behaviour log-prob of each completion token (at the sampling temperature)
-    version: int  # policy version of the weights that generated it
-    finished: bool = True  # ended with EOS (False: cut at max_new_tokens)
-    reward: float = 0.0
-    advantage: float = 0.0
-    extra: Dict[str, Any] = field(default_factory=dict)
+from bidirl.samples import Sample, SamplingParams
 
 
 class RolloutEngine(Protocol):
-    version: int
+    tokenizer: Any  # the model's tokenizer (chat templates, prompt encoding)
+    version: int  # policy version of the weights it serves; update_weights sets it
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]: ...
 
     def update_weights(self, state: Dict[str, Any], version: int) -> float:
-        """Loads a full weight set in place; returns the seconds it took."""
+        """Loads a full weight set in place and serves ``version`` from now on; returns the seconds it took."""
         ...
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
 
 
 class TrainEngine(Protocol):
-    version: int
+    tokenizer: Any
+    version: int  # optimizer steps applied; a worker that loads published weights sets it
 
-    def compute_grads(self, batch: Sequence[Sample]) -> Dict[str, float]: ...
+    def compute_grads(self, batch: Sequence[Sample], total_tokens: int, total_sequences: int) -> Dict[str, float]:
+        """Accumulates gradients of ``batch``, scaled as a part of a batch of ``total_tokens`` tokens in
+        ``total_sequences`` sequences (so parts computed on several devices add up)."""
+        ...
 
-    def apply_grads(self) -> Dict[str, float]: ...
+    def apply_grads(self) -> Dict[str, float]:
+        """One optimizer step on the accumulated gradients; the version advances by one."""
+        ...
 
-    def step(self, batch: Sequence[Sample]) -> Dict[str, float]: ...
+    def step(self, batch: Sequence[Sample]) -> Dict[str, float]:
+        """``compute_grads`` and ``apply_grads`` on one whole batch (single-device use)."""
+        ...
+
+    def zero_grads(self) -> None:
+        """Drops accumulated gradients without stepping (a lent device that only contributes them)."""
+        ...
+
+    def parameters(self) -> List[Any]:
+        """The trainable tensors, in a fixed order (flattened for gradient reduction and weight transfer)."""
+        ...
 
     def logprobs(self, batch: Sequence[Sample]) -> List[List[float]]: ...
 
@@ -72,6 +63,7 @@ class PauseGate:
     """Mixin for rollout engines: ``pause`` makes the next ``wait_if_paused`` block until ``resume``.
 
     Work already in flight finishes; the engine checks the gate before each new chunk of generation.
+    Not part of the protocol: no scheduler pauses an engine yet (loads happen between commands).
     """
 
     def __init__(self) -> None:

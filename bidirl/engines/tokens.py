@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence, Tuple
 
-from bidirl.engines.protocols import Sample
+from bidirl.samples import Sample
 
 
 def pack(samples: Sequence[Sample], pad_id: int, torch: Any) -> Tuple[Any, Any, Any]:

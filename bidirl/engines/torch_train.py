@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
-from bidirl.engines.protocols import Sample
+from bidirl.samples import Sample
 from bidirl.engines.tokens import completion_slices, pack, token_logprobs
 from bidirl.errors import BidirlError
 from bidirl.grpo import k3_kl, policy_loss
@@ -24,8 +24,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 
 class TorchTrainEngine:
-    def __init__(self, model_path: str, cfg: PipelineConfig):
-        import torch
+    def __init__(self, model_path: str, cfg: PipelineConfig, private_group: bool = False):
+        import torch  # (private_group concerns engines that join a process group; this one never does)
 
         self.torch = torch
         self.cfg = cfg
@@ -99,6 +99,12 @@ class TorchTrainEngine:
 
     def step(self, batch: Sequence[Sample]) -> Dict[str, float]:
         return {**self.compute_grads(batch), **self.apply_grads()}
+
+    def zero_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def parameters(self) -> List[Any]:
+        return list(self.model.parameters())
 
     def logprobs(self, batch: Sequence[Sample]) -> List[List[float]]:
         torch = self.torch

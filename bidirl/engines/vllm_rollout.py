@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from bidirl.engines.protocols import PauseGate, Sample, SamplingParams
+from bidirl.engines.protocols import PauseGate
+from bidirl.samples import Sample, SamplingParams
 from bidirl.errors import BidirlError
 
 

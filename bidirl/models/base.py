@@ -16,11 +16,13 @@ from bidirl.config import PipelineConfig
 from bidirl.data import load_problems, load_reasoning_gym
 from bidirl.errors import BidirlError
 from bidirl.evaluate import greedy_accuracy
-from bidirl.models.sources import TINY_RECIPE_VERSION, PreparedModel, cache_key, cached_entry, write_entry
+from bidirl.models.cache import PreparedModel, cache_key, cached_entry, write_entry
 from bidirl.models.sft import supervised_finetune
 from bidirl.models.tiny import build_model, build_tokenizer, save_hf
-from bidirl.prompts import format_prompt, target_completion
+from bidirl.prompts import PromptBuilder, target_completion
 from bidirl.ui import progress_bar
+
+TINY_RECIPE_VERSION = 1  # bump when the tiny model recipe changes, to invalidate old caches
 
 
 def tiny_cache_dir(cfg: PipelineConfig) -> Path:
@@ -33,6 +35,8 @@ def tiny_cache_dir(cfg: PipelineConfig) -> Path:
         "seed": cfg.seed,
         "recipe": TINY_RECIPE_VERSION,
     }
+    if cfg.data.few_shot:  # the base model is supervised on the prompts it will see (few-shot included)
+        parts["few_shot"] = cfg.data.few_shot
     return Path(cfg.model.cache_dir) / f"tiny-{cfg.data.task}-{cache_key(parts)}"
 
 
@@ -61,7 +65,7 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
     held_out = load_problems(data, "test")
     if data.prompt_style == "chat":
         raise BidirlError("the tiny model has no chat template: use data.prompt_style=plain or compact")
-    prompt = lambda p: format_prompt(p, data.prompt_style)  # noqa: E731 - the form it will be prompted with
+    prompt = PromptBuilder.for_run(data)  # the form it will be prompted with in RL and evaluation
     with progress_bar("SFT tiny base model", cfg.model.tiny.sft_steps, cfg.logging.progress) as advance:
         losses = supervised_finetune(
             model, tokenizer, train, prompt, target_completion, cfg.model.tiny, cfg.seed,

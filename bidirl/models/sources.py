@@ -10,43 +10,31 @@
 * a local directory with ``config.json`` -- used as is.
 * anything else -- a Hugging Face hub id, handed to transformers (machines with internet only).
 
-Every cache entry is written to a temporary folder and renamed into place only when complete, so an
-interrupted preparation never leaves a half-written model that a later run would trust.
+Cache entries (:mod:`bidirl.models.cache`) are written to a temporary folder and renamed into place
+only when complete, so an interrupted preparation never leaves a half-written model that a later run
+would trust.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
+from bidirl.models.base import prepare_tiny
+from bidirl.models.cache import INFO_FILE, PreparedModel, cached_entry, read_info, write_entry
 
-INFO_FILE = "bidirl_model.json"  # written last: its presence marks a complete cache entry
-TINY_RECIPE_VERSION = 1  # bump when the tiny model recipe changes, to invalidate old caches
+__all__ = ["INFO_FILE", "PreparedModel", "load_model", "prepare_model"]
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@dataclass
-class PreparedModel:
-    path: str  # local directory, or a hub id for transformers to resolve
-    source: str
-    info: Dict[str, Any] = field(default_factory=dict)
-    reused: bool = False
 
 
 def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
     source = cfg.model.source
     if source == "tiny":
-        from bidirl.models.base import prepare_tiny
-
         return prepare_tiny(cfg, report)
     if source == "smollm2":
         return prepare_smollm2(Path(cfg.model.cache_dir), report)
@@ -54,7 +42,7 @@ def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] =
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise BidirlError(f"{path}: not a Hugging Face model folder (no config.json)")
-        return PreparedModel(str(path), source, _read_info(path))
+        return PreparedModel(str(path), source, read_info(path))
     if path.exists() or source.startswith((".", "/", "~")):
         raise BidirlError(f"model.source {source!r}: no such model folder")
     return PreparedModel(source, source)
@@ -77,33 +65,6 @@ def load_model(path: str, dtype: str = "float32"):
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     return model, tokenizer
-
-
-def cache_key(parts: Dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def cached_entry(directory: Path) -> Optional[PreparedModel]:
-    """A complete cache entry, or None (missing or half-written entries do not count)."""
-    if (directory / INFO_FILE).is_file() and (directory / "config.json").is_file():
-        info = _read_info(directory)
-        return PreparedModel(str(directory), info.get("source", "cache"), info, reused=True)
-    return None
-
-
-def write_entry(directory: Path, build: Callable[[Path], Dict[str, Any]]) -> PreparedModel:
-    """Builds into a temporary sibling folder, writes the info file last, then renames into place."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        info = build(tmp)
-        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
-        if directory.exists():
-            shutil.rmtree(directory)  # an incomplete entry left by an interrupted run
-        os.replace(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return PreparedModel(str(directory), info.get("source", "cache"), info)
 
 
 def prepare_smollm2(cache_dir: Path, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
@@ -145,8 +106,3 @@ def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> Dict[str, Any]:
     return {"source": "smollm2", "gguf": gguf_file, "parameters": params, "convert_s": round(time.time() - start, 1)}
 
 
-def _read_info(directory: Path) -> Dict[str, Any]:
-    try:
-        return json.loads((directory / INFO_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}

@@ -12,7 +12,7 @@ from typing import Any, List, Sequence, Tuple
 from bidirl.config import PipelineConfig
 from bidirl.data import load_problems
 from bidirl.evaluate import engine_accuracy
-from bidirl.prompts import format_prompt
+from bidirl.prompts import PromptBuilder
 
 
 def evaluate_snapshots(cfg: PipelineConfig, rollout: Any, train: Any,
@@ -20,7 +20,8 @@ def evaluate_snapshots(cfg: PipelineConfig, rollout: Any, train: Any,
     import torch
 
     problems = load_problems(cfg.data, "test")
-    prompts = [format_prompt(p, cfg.data.prompt_style, train.tokenizer) for p in problems]
+    prompt = PromptBuilder.for_run(cfg.data, train.tokenizer)
+    prompts = [prompt(p) for p in problems]
     results = []
     for version, path in snapshots:
         rollout.update_weights(torch.load(path, weights_only=True), version)

@@ -39,19 +39,13 @@ def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, t
 
 
 def check_plan(cfg: PipelineConfig) -> None:
-    """An impossible partition fails here, in one line, before any process starts."""
-    from bidirl.sched.borrowing import MeasuredEstimates
-    from bidirl.sched.cluster import check_staleness
-    from bidirl.sched.policies import build_policy, partition
+    """An impossible partition fails here, in one line, before any process starts: the very assembly
+    the controller will make, on the live runtime's capabilities."""
+    from bidirl.sched.assembly import LIVE, assemble
+    from bidirl.sched.estimates import MeasuredEstimates
 
     try:
-        policy = build_policy(cfg.launch.mode, MeasuredEstimates().current(), cfg.train.prompts_per_step)
-        partition(policy, cfg.cluster.devices, cfg.cluster.rollout_devices)
-        check_staleness(0 if policy.synchronous else cfg.algorithm.staleness, policy.deadlines)
-        if cfg.algorithm.updates_per_sync != 1:
-            raise ValueError(f"algorithm.updates_per_sync={cfg.algorithm.updates_per_sync}: streamed updates "
-                             "within a sync window are simulated only (`bidirl simulate`); the runtime syncs "
-                             "after every update")
+        assemble(cfg.launch.mode, cfg.run_shape(), LIVE, MeasuredEstimates())
     except ValueError as exc:
         raise BidirlError(str(exc)) from None
     if cfg.train.engine == "deepspeed" and cfg.train.zero_stage > 0 and cfg.cluster.devices > 1:

@@ -30,13 +30,13 @@ class LocalMailbox:
     def read(self, name: str) -> Any:
         return self.values[name]
 
-    def send(self, device: int, message: dict) -> None:
+    def send(self, device: int, message: Any) -> None:
         self.commands.append(message)
 
-    def post(self, message: dict) -> None:
+    def post(self, message: Any) -> None:
         self.events.append(message)
 
-    def next_event(self) -> dict:
+    def next_event(self) -> Any:
         while not self.events:
             if not self.commands:
                 raise BidirlError("the controller waits for a message but sent no command (scheduler stalled)")
@@ -51,8 +51,9 @@ def train_in_process(cfg: PipelineConfig, run: RunDir, model_path: str, rollout:
     if cfg.cluster.devices != 1:
         raise BidirlError(f"the train stage runs one device in this process (cluster.devices={cfg.cluster.devices}); "
                           "use `bidirl launch` for several devices")
+    from transformers import AutoTokenizer
+
     mailbox = LocalMailbox()
-    controller = Controller(cfg, mailbox, run, 1, tokenizer=None)
-    mailbox.worker = Worker(cfg, mailbox, 0, 1, model_path, rollout=rollout)
-    controller.tokenizer = mailbox.worker.train.tokenizer
+    controller = Controller(cfg, mailbox, run, 1, AutoTokenizer.from_pretrained(model_path))
+    mailbox.worker = Worker(cfg, mailbox, 0, 1, model_path, rollout=rollout)  # reads the controller's plan
     return controller.run_all()

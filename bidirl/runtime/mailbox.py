@@ -1,11 +1,11 @@
 """Control messages between the controller and the device workers, over the torchrun c10d store.
 
-Protocol (all values are pickled dicts)::
+Keys (values are the typed messages of :mod:`bidirl.runtime.protocol`, pickled)::
 
     ctl/cmd/<device>/<n>   controller -> device, n = 0, 1, 2, ... ; the worker reads them in order
     ctl/wcmd/<device>/<n>  controller -> device's weight receiver thread (join the next broadcast)
     ctl/evt/<n>            any device -> controller; n comes from the atomic counter ctl/evt/count
-    ctl/plan               the controller's start-up plan (homes, primary, run directory), read by all
+    ctl/plan               the controller's start-up Plan (homes, primary, run directory), read by all
 
 Why the store: it exists before any process group, every rank already holds a connection to it, and
 a blocking ``get`` is exactly "wait for my next command". Messages are small (prompts, samples,
@@ -29,12 +29,12 @@ class Mailbox:
         self.sent: Dict[str, int] = {}  # queue -> messages written
         self.taken: Dict[str, int] = {}  # queue -> messages read
 
-    def _put(self, queue: str, message: dict) -> None:
+    def _put(self, queue: str, message: Any) -> None:
         n = self.sent.get(queue, 0)
         self.sent[queue] = n + 1
         self.store.set(f"{PREFIX}{queue}/{n}", pickle.dumps(message))
 
-    def _take(self, queue: str) -> dict:
+    def _take(self, queue: str) -> Any:
         n = self.taken.get(queue, 0)
         key = f"{PREFIX}{queue}/{n}"
         message = pickle.loads(self.store.get(key))  # blocks until the message exists
@@ -43,26 +43,26 @@ class Mailbox:
         return message
 
     # controller side
-    def send(self, device: int, message: dict) -> None:
+    def send(self, device: int, message: Any) -> None:
         self._put(f"cmd/{device}", message)
 
-    def send_weights(self, device: int, message: dict) -> None:
+    def send_weights(self, device: int, message: Any) -> None:
         self._put(f"wcmd/{device}", message)
 
-    def next_event(self) -> dict:
+    def next_event(self) -> Any:
         return self._take("evt")
 
     def publish(self, name: str, value: Any) -> None:
         self.store.set(PREFIX + name, pickle.dumps(value))
 
     # worker side
-    def next_command(self, device: int) -> dict:
+    def next_command(self, device: int) -> Any:
         return self._take(f"cmd/{device}")
 
-    def next_weights_command(self, device: int) -> dict:
+    def next_weights_command(self, device: int) -> Any:
         return self._take(f"wcmd/{device}")
 
-    def post(self, message: dict) -> None:
+    def post(self, message: Any) -> None:
         n = self.store.add(f"{PREFIX}evt/count", 1) - 1
         self.store.set(f"{PREFIX}evt/{n}", pickle.dumps(message))
 

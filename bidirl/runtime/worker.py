@@ -3,8 +3,13 @@
 The worker is a loop over its command queue (see :mod:`bidirl.runtime.mailbox`)::
 
     loop:  wait for my next command             <- unblocked by the controller's send
-           generate | train | sync | switch | evaluate | stop
-           post what happened (timings, samples, stats)
+           run it: the command's ``handler`` method (:mod:`bidirl.runtime.protocol`)
+           post the reply (timings, samples, stats)
+
+Its role and state are a :class:`~bidirl.sched.roles.Device`, the scheduler's own state machine: a
+command moves it IDLE -> GENERATING / TRAINING / SYNCING / SWITCHING / EVALUATING -> IDLE, so an
+illegal order (generating while serving train, say) fails here exactly as it would in the
+scheduler's bookkeeping.
 
 Gradients. Members of a train step compute gradients on their slice (scaled by the whole batch's token
 count, so slices add up) and all-reduce them over the pre-built group of exactly those members. Every
@@ -28,14 +33,19 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterator, List, Optional
 
 from bidirl.config import PipelineConfig
-from bidirl.engines import build_rollout_engine, build_train_engine
-from bidirl.engines.protocols import SamplingParams
+from bidirl.engines.build import build_rollout_engine, build_train_engine
 from bidirl.reward import numeric_reward
+from bidirl.runtime import protocol as msg
 from bidirl.runtime.groups import Groups
+from bidirl.samples import Sample
+from bidirl.sched.roles import Device, DeviceState, Role
+
+S = DeviceState
 
 
 class Worker:
@@ -45,8 +55,9 @@ class Worker:
 
         self.torch, self.device, self.cfg = torch, device, cfg
         self.mailbox = mailbox
-        plan = self.mailbox.read("plan")
-        self.primary, self.role, self.run_path = plan["primary"], plan["roles"][device], Path(plan["run_path"])
+        plan: msg.Plan = self.mailbox.read("plan")
+        self.primary, self.run_path = plan.primary, Path(plan.run_path)
+        self.state = Device(device, plan.homes[device])  # role and state, by the scheduler's rules
         start = time.perf_counter()
         self.groups = Groups(store, device, devices, self.primary, cfg.cluster.device_type,
                              cfg.launch.collective_timeout_s)
@@ -54,8 +65,7 @@ class Worker:
         own_seed = dataclasses.replace(cfg, seed=cfg.seed + 1000 * device)  # distinct sampling per device
         self.rollout = rollout or build_rollout_engine(own_seed, model_path)
         self.train = build_train_engine(cfg, model_path, private_group=store is not None)
-        self.params = [p for p in self.train.model.parameters()]
-        self.home = plan["roles"][device]
+        self.params = self.train.parameters()
         self.staged: Dict[int, Any] = {}  # version -> flat weights received in the background
         self.staged_ready = threading.Condition()
         if device == self.primary:
@@ -65,135 +75,147 @@ class Worker:
         if device != self.primary and devices > 1:
             self.receiver = threading.Thread(target=self.receive_weights, args=(receiver_mailbox,), daemon=True)
             self.receiver.start()
-        self.mailbox.post({"op": "ready", "device": device, "startup_s": time.perf_counter() - start,
-                           "groups_s": groups_s})
+        self.mailbox.post(msg.Ready(device=device, startup_s=time.perf_counter() - start, groups_s=groups_s))
 
     def run(self) -> None:
         while self.serve_one(self.mailbox.next_command(self.device)):
             pass
 
-    def serve_one(self, command: Dict[str, Any]) -> bool:
-        """Runs one command and posts its reply; False after ``stop``."""
-        if command["op"] == "stop":
-            if self.receiver is not None:  # it got its own stop; a thread blocked in C++ at exit aborts
-                self.receiver.join(timeout=self.cfg.launch.collective_timeout_s)
-            self.mailbox.post({"op": "stopped", "device": self.device})
-            return False
-        handlers = {"generate": self.generate, "train": self.train_step, "publish": self.publish,
-                    "load": self.load, "switch": self.switch, "evaluate": self.evaluate, "checkpoint": self.checkpoint}
+    def serve_one(self, command: msg.Command) -> bool:
+        """Runs one command and posts its reply; False after ``Stop``."""
         start = time.perf_counter()
-        reply = handlers[command["op"]](command)
+        reply: Optional[msg.Reply] = getattr(self, command.handler)(command)
         if reply is not None:  # publish answers from its sender thread instead
-            self.mailbox.post({**reply, "device": self.device, "seconds": time.perf_counter() - start})
-        return True
+            reply.device, reply.seconds = self.device, time.perf_counter() - start
+            self.mailbox.post(reply)
+        return not isinstance(command, msg.Stop)
 
-    # ---- commands -----------------------------------------------------------------------------
-    def generate(self, command: Dict[str, Any]) -> Dict[str, Any]:
-        assert self.role == "rollout", f"device {self.device} asked to generate while serving {self.role}"
-        samples = self.rollout.generate(command["prompts"], SamplingParams(**command["params"]))
+    @contextmanager
+    def doing(self, state: DeviceState, reason: str) -> Iterator[None]:
+        """IDLE -> ``state`` for the command's duration -> IDLE, through the legal-transition table."""
+        self.state.transition(state, time.perf_counter(), reason)
+        yield
+        self.state.transition(S.IDLE, time.perf_counter(), f"{reason} done")
+
+    # ---- commands (one method per protocol command) -------------------------------------------
+    def generate(self, command: msg.GenerateChunk) -> msg.ChunkGenerated:
+        with self.doing(S.GENERATING, f"chunk {command.chunk}"):
+            samples = self.rollout.generate(command.prompts, command.params)
         for sample in samples:
-            sample.reward = numeric_reward(sample.text, command["answers"][sample.prompt_index],
+            sample.reward = numeric_reward(sample.text, command.answers[sample.prompt_index],
                                            self.cfg.algorithm.format_reward)
-            sample.extra["group"] = command["first_group"] + sample.prompt_index
-        return {"op": "chunk_done", "chunk": command["chunk"], "samples": samples, "version": self.rollout.version}
+            sample.extra["group"] = command.first_group + sample.prompt_index
+        return msg.ChunkGenerated(chunk=command.chunk, samples=samples, version=self.rollout.version)
 
-    def train_step(self, command: Dict[str, Any]) -> Dict[str, Any]:
-        assert self.role == "train", f"device {self.device} asked to train while serving {self.role}"
-        torch, members = self.torch, command["members"]
-        gap = self.logprob_gap(command.get("probe") or [])
-        compute_start = time.perf_counter()
-        stats = (self.train.compute_grads(command["samples"], command["total_tokens"], command["total_sequences"])
-                 if command["samples"] else {})
-        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
-        compute_s = time.perf_counter() - compute_start
-        reduce_start = time.perf_counter()
-        self.groups.allreduce_sum(grads, members)
-        reduce_s = time.perf_counter() - reduce_start
-        if self.home != "train":  # a lent rollout device: gradients given, no optimizer state to step
-            self.train.optimizer.zero_grad(set_to_none=True)
-            return {"op": "train_done", "compute_s": compute_s, "reduce_s": reduce_s}
-        offset = 0
-        for p in self.params:
-            p.grad = grads[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        stats.update(self.train.apply_grads(), **gap)
-        if command.get("snapshot"):
-            self.save_snapshot(self.train.version)
-        return {"op": "train_done", "version": self.train.version, "stats": stats,
-                "compute_s": compute_s, "reduce_s": reduce_s}
+    def train_step(self, command: msg.TrainStep) -> msg.StepDone:
+        with self.doing(S.TRAINING, f"batch {command.step}"):
+            torch = self.torch
+            gap = self.logprob_gap(command.probe)
+            compute_start = time.perf_counter()
+            stats = (self.train.compute_grads(command.samples, command.total_tokens, command.total_sequences)
+                     if command.samples else {})
+            grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                               for p in self.params])
+            compute_s = time.perf_counter() - compute_start
+            reduce_start = time.perf_counter()
+            self.groups.allreduce_sum(grads, command.members)
+            reduce_s = time.perf_counter() - reduce_start
+            if self.state.home is not Role.TRAIN:  # a lent rollout device: gradients given, no optimizer to step
+                self.train.zero_grads()
+                return msg.StepDone(version=None, compute_s=compute_s, reduce_s=reduce_s)
+            offset = 0
+            for p in self.params:
+                p.grad = grads[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            stats.update(self.train.apply_grads(), **gap)
+            self.state.version = self.train.version
+            if command.snapshot:
+                self.save_snapshot(self.train.version)
+        return msg.StepDone(version=self.train.version, compute_s=compute_s, reduce_s=reduce_s, stats=stats)
 
-    def publish(self, command: Dict[str, Any]) -> None:
+    def publish(self, command: msg.PublishWeights) -> None:
         """Primary: broadcast a snapshot of the weights from a sender thread; return at once."""
         flat = self.torch.nn.utils.parameters_to_vector(self.params).detach().clone()
 
         def send() -> None:
             start = time.perf_counter()
-            self.groups.broadcast(flat, command["members"], self.primary, weights=True)
-            self.side_mailbox.post({"op": "staged", "device": self.device, "version": command["version"],
-                                    "transfer_s": time.perf_counter() - start})
+            self.groups.broadcast(flat, command.members, self.primary, weights=True)
+            self.side_mailbox.post(msg.WeightsStaged(device=self.device, version=command.version,
+                                                     transfer_s=time.perf_counter() - start))
 
         threading.Thread(target=send, daemon=True).start()
         return None
 
+    def receive(self, command: msg.ReceiveWeights) -> Optional[msg.WeightsStaged]:
+        """Receiver thread: joins one weight broadcast into a staging buffer, whatever the main thread does."""
+        flat = self.torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
+        start = time.perf_counter()
+        self.groups.broadcast(flat, command.members, self.primary, weights=True)
+        with self.staged_ready:
+            self.staged[command.version] = flat
+            self.staged_ready.notify_all()
+        return msg.WeightsStaged(device=self.device, version=command.version, transfer_s=time.perf_counter() - start)
+
     def receive_weights(self, mailbox: Any) -> None:
-        """Receiver thread: joins each weight broadcast into a staging buffer, whatever the main thread does."""
-        numel = sum(p.numel() for p in self.params)
+        """The receiver thread's loop over its own queue."""
         while True:
             command = mailbox.next_weights_command(self.device)
-            if command["op"] == "stop":
+            if isinstance(command, msg.Stop):
                 return
-            flat = self.torch.empty(numel, dtype=self.params[0].dtype)
-            start = time.perf_counter()
-            self.groups.broadcast(flat, command["members"], self.primary, weights=True)
-            with self.staged_ready:
-                self.staged[command["version"]] = flat
-                self.staged_ready.notify_all()
-            mailbox.post({"op": "staged", "device": self.device, "version": command["version"],
-                          "transfer_s": time.perf_counter() - start})
+            mailbox.post(self.receive(command))
 
-    def load(self, command: Dict[str, Any]) -> Dict[str, Any]:
+    def load(self, command: msg.LoadWeights) -> msg.WeightsLoaded:
         """Apply a staged version (the safe point is now: between commands)."""
-        version = command["version"]
+        version = command.version
         with self.staged_ready:
             self.staged_ready.wait_for(lambda: version in self.staged, timeout=self.cfg.launch.collective_timeout_s)
             flat = self.staged.pop(version)
             for old in [v for v in self.staged if v < version]:
                 del self.staged[old]
-        start = time.perf_counter()
-        with self.torch.no_grad():
-            self.torch.nn.utils.vector_to_parameters(flat, self.params)
-        self.train.version = version
-        rollout_s = self.load_rollout() if self.role == "rollout" else 0.0
-        return {"op": "load_done", "version": version, "copy_s": time.perf_counter() - start - rollout_s,
-                "load_s": rollout_s}
+        with self.doing(S.SYNCING, f"load v{version}"):
+            start = time.perf_counter()
+            with self.torch.no_grad():
+                self.torch.nn.utils.vector_to_parameters(flat, self.params)
+            self.train.version = self.state.version = version
+            rollout_s = self.load_rollout() if self.state.role is Role.ROLLOUT else 0.0
+        return msg.WeightsLoaded(version=version, copy_s=time.perf_counter() - start - rollout_s, load_s=rollout_s)
 
-    def switch(self, command: Dict[str, Any]) -> Dict[str, Any]:
+    def switch(self, command: msg.SwitchRole) -> msg.RoleSwitched:
         start = time.perf_counter()
-        self.role = command["role"]
-        load_s = self.load_rollout() if self.role == "rollout" else 0.0
-        join_start = time.perf_counter()
-        if self.role == "train" and self.device != self.primary:
-            self.groups.get([self.primary, self.device])  # pre-built at start: joining is a lookup
-        join_s = time.perf_counter() - join_start
-        return {"op": "switch_done", "role": self.role, "load_s": load_s, "join_s": join_s,
-                "switch_s": time.perf_counter() - start, "version": self.train.version}
+        if command.role is self.state.role:
+            raise RuntimeError(f"device {self.device} asked to switch to {command.role.value}, which it serves")
+        with self.doing(S.SWITCHING, f"to {command.role.value}"):  # entering SWITCHING flips the role
+            load_s = self.load_rollout() if self.state.role is Role.ROLLOUT else 0.0
+            join_start = time.perf_counter()
+            if self.state.role is Role.TRAIN and self.device != self.primary:
+                self.groups.get([self.primary, self.device])  # pre-built at start: joining is a lookup
+            join_s = time.perf_counter() - join_start
+        return msg.RoleSwitched(role=self.state.role, load_s=load_s, join_s=join_s,
+                                switch_s=time.perf_counter() - start, version=self.train.version)
 
-    def evaluate(self, command: Dict[str, Any]) -> Dict[str, Any]:
+    def evaluate(self, command: msg.EvaluateSnapshots) -> msg.Evaluated:
         from bidirl.runtime.evaluation import evaluate_snapshots
 
-        return {"op": "eval_done", "results": evaluate_snapshots(self.cfg, self.rollout, self.train, command["snapshots"])}
+        with self.doing(S.EVALUATING, f"{len(command.snapshots)} snapshots"):
+            results = evaluate_snapshots(self.cfg, self.rollout, self.train, command.snapshots)
+        return msg.Evaluated(results=results)
 
-    def checkpoint(self, command: Dict[str, Any]) -> Dict[str, Any]:
-        self.train.save(command["path"])  # HF weights + optimizer + version, written atomically
-        return {"op": "checkpoint_done", "path": command["path"], "version": self.train.version}
+    def checkpoint(self, command: msg.SaveCheckpoint) -> msg.CheckpointSaved:
+        self.train.save(command.path)  # HF weights + optimizer + version, written atomically
+        return msg.CheckpointSaved(path=command.path, version=self.train.version)
+
+    def stop(self, command: msg.Stop) -> msg.Stopped:
+        if self.receiver is not None:  # it got its own Stop; a thread blocked in C++ at exit aborts
+            self.receiver.join(timeout=self.cfg.launch.collective_timeout_s)
+        return msg.Stopped()
 
     # ---- checks -------------------------------------------------------------------------------
-    def logprob_gap(self, probe: list) -> Dict[str, float]:
+    def logprob_gap(self, probe: "tuple[Sample, ...]") -> Dict[str, float]:
         """Mean |trainer - behaviour| log-prob on a few samples of the batch, before the step.
 
         For samples generated with the weights being trained (staleness 0) it is zero up to numerics:
         a live check that weight syncs reach the rollout engines."""
-        fresh = [s for s in probe if s.version == self.train.version and s.completion_ids]
+        fresh: List[Sample] = [s for s in probe if s.version == self.train.version and s.completion_ids]
         if not fresh:
             return {}
         recomputed = self.train.logprobs(fresh)

@@ -20,90 +20,36 @@ what an idle device may do:
                     k blocked devices together (they switch in parallel), beats two switches plus the
                     gradient transfer; the primary stays the only optimizer.
 
-Cost/benefit uses :class:`Estimates` from the performance model (simulator) or from measurements.
+Cost/benefit uses :class:`~bidirl.sched.estimates.Estimates` from the policy's provider: the
+performance model (simulator) or measurements of the run itself (live).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.progress import StepProgress
+from bidirl.sched.estimates import StepProgress, balanced_split
 from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
 from bidirl.sched.roles import DeviceState, Role
-
-
-@dataclass(frozen=True)
-class Estimates:
-    generate_group_s: float  # device-seconds to generate one prompt group (all G samples)
-    train_batch_s: float  # device-seconds of one optimizer step's gradient work (T)
-    switch_s: float  # one role switch
-    grad_transfer_s: float = 0.0  # returning one device's gradients to the primary
-    chunk_s: float = 0.0  # wall time of one chunk alone on a device: how long a lent trainer is away
-
-    def lease_s(self, chunk_groups: int) -> float:
-        return self.chunk_s or self.generate_group_s * chunk_groups
-
-    @property
-    def measured(self) -> bool:
-        return self.generate_group_s > 0 and self.train_batch_s > 0
-
-
-class MeasuredEstimates:
-    """Estimates from the live run itself (moving averages of what the workers report), for drivers
-    without a performance model. Until a chunk and a step have been measured they are zero, and the
-    cost-aware policies lend nothing."""
-
-    def __init__(self, weight: float = 0.3):
-        self.weight = weight
-        self.values = {"generate_group_s": 0.0, "train_batch_s": 0.0, "switch_s": 0.0, "grad_transfer_s": 0.0,
-                       "chunk_s": 0.0}
-
-    def _observe(self, name: str, value: float) -> None:
-        old = self.values[name]
-        self.values[name] = value if old == 0.0 else (1 - self.weight) * old + self.weight * value
-
-    def chunk(self, seconds: float, groups: int) -> None:
-        self._observe("generate_group_s", seconds / groups)
-        self._observe("chunk_s", seconds)
-
-    def step(self, seconds: float, devices: int, reduce_s: float) -> None:
-        self._observe("train_batch_s", (seconds - reduce_s) * devices)  # device-seconds of gradient work
-        self._observe("grad_transfer_s", reduce_s)
-
-    def switch(self, seconds: float) -> None:
-        self._observe("switch_s", seconds)
-
-    def current(self) -> Estimates:
-        return Estimates(**self.values)
-
-
-def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
-    """Rollout devices x minimising max(R / x, T / (n - x)): StreamRL's / the planner's static balance."""
-    rollout_work = estimates.generate_group_s * batch_groups
-    return min(range(1, devices), key=lambda x: max(rollout_work / x, estimates.train_batch_s / (devices - x)))
 
 
 class RollPolicy(AsyncPolicy):
     name = "roll"
 
-    def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
-        self.chunk = -(-cluster.B // max(1, len(cluster.pool(Role.ROLLOUT))))  # one batch share per device
-        return super().decide(event, cluster)
-
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        fill_rollout(cluster, actions, self.chunk)
+        share = -(-cluster.B // max(1, len(cluster.pool(Role.ROLLOUT))))  # one batch share per device
+        fill_rollout(cluster, actions, share)
 
 
 class StreamRLPolicy(AsyncPolicy):
     name = "streamrl"
-
-    def __init__(self, estimates: Estimates, batch_groups: int):
-        self.estimates, self.batch_groups = estimates, batch_groups
+    needs_estimates = True
 
     def default_rollout_devices(self, devices: int) -> int:
+        if not self.estimates.measured:  # a live run measures as it goes: start from half
+            return super().default_rollout_devices(devices)
         return balanced_split(devices, self.estimates, self.batch_groups)  # from the profile
 
 
@@ -111,9 +57,7 @@ class VerlDynamicPolicy(AsyncPolicy):
     """Rollout-on-TrainPool only."""
 
     name = "verl-dynamic"
-
-    def __init__(self, estimates: Estimates):
-        self.estimates = estimates
+    needs_estimates = True
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         self.end_trainer_leases(cluster, actions)
@@ -159,12 +103,11 @@ class BidirlPolicy(VerlDynamicPolicy):
     The policy keeps its own estimate of the step's work left (from ``Estimates``), never a clock."""
 
     name = "bidirl"
+    rollout_on_train = True  # idle trainers generate (Rollout-on-TrainPool)
+    train_on_rollout = True  # blocked rollout devices compute gradients (Trainer-on-RollPool)
 
-    def __init__(self, estimates: Estimates, batch_groups: int, rollout_on_train: bool = True,
-                 train_on_rollout: bool = True):
-        super().__init__(estimates)
-        self.batch_groups = batch_groups
-        self.rollout_on_train, self.train_on_rollout = rollout_on_train, train_on_rollout
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.step = StepProgress(0.0, 1, 0.0)  # estimate of the step in progress
 
     def default_rollout_devices(self, devices: int) -> int:
@@ -238,3 +181,16 @@ class BidirlPolicy(VerlDynamicPolicy):
         if blocked and self.pays(cluster, len(blocked)):
             for d in blocked:
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked: lent to training"))
+
+
+# ablations: the bidirl partition with no borrowing, or one direction only
+class BidirlNoBorrowing(BidirlPolicy):
+    name, rollout_on_train, train_on_rollout = "bidirl-none", False, False
+
+
+class BidirlRolloutOnTrainOnly(BidirlPolicy):
+    name, rollout_on_train, train_on_rollout = "bidirl-rot", True, False
+
+
+class BidirlTrainOnRolloutOnly(BidirlPolicy):
+    name, rollout_on_train, train_on_rollout = "bidirl-tor", False, True

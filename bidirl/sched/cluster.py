@@ -45,10 +45,22 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from bidirl.sched import events as ev
-from bidirl.sched.progress import Lease
 from bidirl.sched.roles import Device, DeviceState, Role
 
 S = DeviceState
+
+
+@dataclass
+class Lease:
+    """A device lent away from its home pool: opened when it starts switching away, ended when it is
+    back home. ``epoch`` numbers leases cluster-wide, so a message about an ended lease is recognisable."""
+
+    epoch: int
+    device: int
+    serves: Role  # the role it serves while lent
+    start: float
+    reason: str
+    end: Optional[float] = None
 
 
 @dataclass
@@ -71,7 +83,7 @@ def check_staleness(eta: float, deadlines: bool) -> None:
 
 
 class Cluster:
-    def __init__(self, homes: Sequence[Role], batch_groups: int, eta: int, steps: int, chunk_groups: int,
+    def __init__(self, homes: Sequence[Role], batch_groups: int, eta: float, steps: int, chunk_groups: int,
                  primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
                  deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True):
         if Role.TRAIN not in homes:
@@ -206,25 +218,15 @@ class Cluster:
         return device.version < self.published and "load" not in device.after_work
 
     # ---- applying actions --------------------------------------------------------------------
-    def apply(self, action: ev.Action) -> Optional[Chunk]:
-        if isinstance(action, ev.Generate):
-            return self._start_chunk(self.devices[action.device], action.groups)
-        if isinstance(action, ev.Train):
-            self._start_train(action)
-        elif isinstance(action, ev.Join):
-            self._join_train(self.devices[action.device])
-        elif isinstance(action, ev.Sync):
-            assert self.syncing is None and self.published < self.version, "one transfer of a new version at a time"
-            self.syncing = self.version
-        elif isinstance(action, ev.Load):
-            self._start_load(self.devices[action.device])
-        elif isinstance(action, ev.Switch):
-            self._start_switch(self.devices[action.device], action)
-        else:
-            raise TypeError(f"unknown action {action!r}")
-        return None
+    def apply(self, action: ev.Action) -> None:
+        """Books ``action`` (the policy calls this as it decides, so later choices see it)."""
+        handler = self.APPLY.get(type(action))
+        if handler is None:
+            raise TypeError(f"the cluster bookkeeping has no rule for action {action!r}")
+        handler(self, action)
 
-    def _start_chunk(self, device: Device, groups: int) -> Chunk:
+    def _start_chunk(self, action: ev.Generate) -> None:
+        device, groups = self.devices[action.device], action.groups
         assert self.can_admit(device, groups), f"admission would exceed eta={self.eta} on device {device.index}"
         assert self.has_room(device, groups), f"device {device.index} cannot take {groups} more groups now"
         chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
@@ -237,7 +239,6 @@ class Cluster:
             device.transition(S.GENERATING, self.now,
                               f"chunk {chunk.index}: groups {chunk.first}-{chunk.first + groups - 1} at v{device.version}",
                               self._log)
-        return chunk
 
     def _start_train(self, action: ev.Train) -> None:
         assert self.batch_ready(), "a batch is trained only when B groups are done and none is overdue"
@@ -251,7 +252,8 @@ class Cluster:
             assert device.version == self.version, f"device {index} would compute gradients on stale weights"
             device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high})", self._log)
 
-    def _join_train(self, device: Device) -> None:
+    def _join_train(self, action: ev.Join) -> None:
+        device = self.devices[action.device]
         assert self.allows_join, "this driver cannot add a device to a step in progress"
         assert self.training is not None, "a device can only join a step in progress"
         assert device.role is Role.TRAIN and device.idle and device.index not in self.training_devices
@@ -277,7 +279,12 @@ class Cluster:
         self.completed_groups -= self.B
         return parts
 
-    def _start_load(self, device: Device) -> None:
+    def _start_sync(self, action: ev.Sync) -> None:
+        assert self.syncing is None and self.published < self.version, "one transfer of a new version at a time"
+        self.syncing = self.version
+
+    def _start_load(self, action: ev.Load) -> None:
+        device = self.devices[action.device]
         assert device.version < self.published, f"device {device.index} has nothing newer to load"
         if device.idle:
             device.transition(S.SYNCING, self.now, f"load v{self.published}", self._log)
@@ -287,7 +294,8 @@ class Cluster:
             device.after_work.append("load")
         device.loading = self.published
 
-    def _start_switch(self, device: Device, action: ev.Switch) -> None:
+    def _start_switch(self, action: ev.Switch) -> None:
+        device = self.devices[action.device]
         assert device.role is not action.role, f"device {device.index} already serves {action.role.value}"
         assert not device.after_work, f"device {device.index} has queued work; switch it after that"
         if action.role is not device.home:
@@ -301,36 +309,48 @@ class Cluster:
             device.transition(S.DRAINING, self.now, action.reason or f"to {action.role.value}", self._log)
             device.after_work.append("switch")
 
+    APPLY = {ev.Generate: _start_chunk, ev.Train: _start_train, ev.Join: _join_train, ev.Sync: _start_sync,
+             ev.Load: _start_load, ev.Switch: _start_switch}
+
     # ---- completions -------------------------------------------------------------------------
     def complete(self, event: ev.Event) -> None:
-        if isinstance(event, ev.ChunkDone):
-            chunk = self.chunks[event.chunk]
-            chunk.done = True
-            self.completed.append([chunk.index, chunk.groups, chunk.version])
-            self.completed_groups += chunk.groups
-            self.inflight[event.device] -= chunk.groups
-            device = self.devices[event.device]
-            if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
-                self._work_finished(device, f"chunk {chunk.index} done")
-        elif isinstance(event, ev.TrainDone):
-            self._finish_train(event)
-        elif isinstance(event, ev.SyncDone):
-            assert event.version == self.syncing
-            self.published, self.syncing = event.version, None
-        elif isinstance(event, ev.LoadDone):
-            device = self.devices[event.device]
-            device.version = event.version
-            resume = S.GENERATING if self.inflight[device.index] else S.IDLE
-            if resume is S.GENERATING:
-                device.transition(S.GENERATING, self.now, f"loaded v{event.version}, generation resumes", self._log)
-            else:
-                self._next_queued(device, f"loaded v{event.version}")
-        elif isinstance(event, ev.SwitchDone):
-            device = self.devices[event.device]
-            assert device.role is event.role
-            if event.role is device.home:
-                self.open_leases.pop(device.index).end = self.now
-            self._next_queued(device, f"serves {event.role.value}")
+        """Books what a driver reports as done."""
+        handler = self.COMPLETE.get(type(event))
+        if handler is None:
+            raise TypeError(f"the cluster bookkeeping has no rule for event {event!r}")
+        handler(self, event)
+
+    def _started(self, event: ev.Started) -> None:
+        pass  # nothing has happened yet
+
+    def _chunk_done(self, event: ev.ChunkDone) -> None:
+        chunk = self.chunks[event.chunk]
+        chunk.done = True
+        self.completed.append([chunk.index, chunk.groups, chunk.version])
+        self.completed_groups += chunk.groups
+        self.inflight[event.device] -= chunk.groups
+        device = self.devices[event.device]
+        if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
+            self._work_finished(device, f"chunk {chunk.index} done")
+
+    def _sync_done(self, event: ev.SyncDone) -> None:
+        assert event.version == self.syncing
+        self.published, self.syncing = event.version, None
+
+    def _load_done(self, event: ev.LoadDone) -> None:
+        device = self.devices[event.device]
+        device.version = event.version
+        if self.inflight[device.index]:
+            device.transition(S.GENERATING, self.now, f"loaded v{event.version}, generation resumes", self._log)
+        else:
+            self._next_queued(device, f"loaded v{event.version}")
+
+    def _switch_done(self, event: ev.SwitchDone) -> None:
+        device = self.devices[event.device]
+        assert device.role is event.role
+        if event.role is device.home:
+            self.open_leases.pop(device.index).end = self.now
+        self._next_queued(device, f"serves {event.role.value}")
 
     def _finish_train(self, event: ev.TrainDone) -> None:
         k = self.version
@@ -350,6 +370,9 @@ class Cluster:
                 self.devices[index].version = event.version
         for index in trainers:
             self._work_finished(self.devices[index], f"step -> v{event.version}")
+
+    COMPLETE = {ev.Started: _started, ev.ChunkDone: _chunk_done, ev.TrainDone: _finish_train,
+                ev.SyncDone: _sync_done, ev.LoadDone: _load_done, ev.SwitchDone: _switch_done}
 
     def _work_finished(self, device: Device, reason: str) -> None:
         if device.state is S.DRAINING:  # the switch was queued first (switches need an empty queue)

@@ -1,8 +1,14 @@
 """The policy interface: events in, actions out (pure Python, shared by the runtime and the simulator).
 
-Drivers (``bidirl.runtime.controller`` live, the simulator offline) own the clock and the physical work.
-On every event they update the shared :class:`~bidirl.sched.cluster.Cluster` bookkeeping, ask the policy
-for actions, apply the actions to the bookkeeping, then carry them out.
+Drivers (:mod:`bidirl.runtime.controller` live, :mod:`bidirl.sim.simulator` offline) own the clock
+and the physical work. On every event they update the shared :class:`~bidirl.sched.cluster.Cluster`
+bookkeeping, ask the policy for actions, and carry the actions out (the policy has already applied
+them to the bookkeeping).
+
+Both kinds are closed sets: every event subclasses :class:`Event`, every action :class:`Action`, and
+``EVENTS``/``ACTIONS`` list them all. Each driver and the bookkeeping handle actions through a table
+keyed by type, and a test checks every table covers ``ACTIONS`` exactly -- so an action added here
+that some driver forgets fails a test, instead of being ignored at run time.
 """
 
 from __future__ import annotations
@@ -12,51 +18,58 @@ from typing import Tuple
 
 from bidirl.sched.roles import Role
 
-# ---- events (driver -> policy) -------------------------------------------------------------
+
+class Event:
+    """Something that happened (driver -> policy)."""
+
+
+class Action:
+    """Something a policy starts (policy -> driver)."""
+
+
+# ---- events ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Started:
+class Started(Event):
     pass
 
 
 @dataclass(frozen=True)
-class ChunkDone:
+class ChunkDone(Event):
     device: int
     chunk: int
 
 
 @dataclass(frozen=True)
-class TrainDone:
+class TrainDone(Event):
     version: int  # the new policy version
 
 
 @dataclass(frozen=True)
-class SyncDone:
+class SyncDone(Event):
     """The newest version is staged on every device (not yet loaded)."""
 
     version: int
 
 
 @dataclass(frozen=True)
-class LoadDone:
+class LoadDone(Event):
     device: int
     version: int
 
 
 @dataclass(frozen=True)
-class SwitchDone:
+class SwitchDone(Event):
     device: int
     role: Role
 
 
-Event = object  # any of the above
-
-# ---- actions (policy -> driver) ------------------------------------------------------------
+# ---- actions ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Generate:
+class Generate(Action):
     """Generate ``groups`` prompt groups on ``device`` with the weights it holds (admission checked)."""
 
     device: int
@@ -64,40 +77,43 @@ class Generate:
 
 
 @dataclass(frozen=True)
-class Train:
+class Train(Action):
     """One optimizer step on the next batch; ``devices`` share the gradient work, the primary steps."""
 
     devices: Tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class Join:
+class Join(Action):
     """``device`` (serving train, holding the version being trained) joins the step in progress and takes
-    part of the gradient work not yet done -- BiDiRL's lazy pulling of micro-batches. Simulated only: the
-    live worker splits a step's batch when the step starts."""
+    part of the gradient work not yet done -- BiDiRL's lazy pulling of micro-batches. Only drivers that
+    can add a device to a running step (``Cluster.allows_join``: the simulator) receive it; the live
+    worker splits a step's batch when the step starts."""
 
     device: int
 
 
 @dataclass(frozen=True)
-class Sync:
+class Sync(Action):
     """Publish the newest weights: the primary sends them to ``devices``' staging buffers, in the background."""
 
     devices: Tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(Action):
     """``device`` applies the staged newest weights, at once if idle, else at its next safe point."""
 
     device: int
 
 
 @dataclass(frozen=True)
-class Switch:
+class Switch(Action):
     device: int
     role: Role
     reason: str = ""
 
 
-Action = object
+EVENTS: Tuple[type, ...] = (Started, ChunkDone, TrainDone, SyncDone, LoadDone, SwitchDone)
+ACTIONS: Tuple[type, ...] = (Generate, Train, Join, Sync, Load, Switch)
+

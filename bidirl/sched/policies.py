@@ -1,10 +1,8 @@
-"""Scheduling policies: pure functions of the cluster bookkeeping, chosen by name (``launch.mode``).
+"""The static scheduling policies (no lending, or the simplest lending), chosen by name (``launch.mode``).
 
-Each policy answers one question after every event: *given the cluster as it is now, what starts?*
-Contract: ``decide(event, cluster)`` applies each action it takes to the bookkeeping at once
-(``cluster.apply``, so later choices in the same decision see it) and returns them, in order, for the
-driver -- the live runtime or the simulator -- to carry out. Policies hold no clocks and no engines, so
-the same object drives a real run and a simulated one.
+The interface and the registry are in :mod:`bidirl.sched.policy`; the policies that lend devices by
+a cost model are in :mod:`bidirl.sched.borrowing`. The helpers here (``fill_rollout``,
+``publish_and_load``) are the shared moves every asynchronous policy makes.
 
 * ``sync`` (alias ``verl``) -- veRL-style colocated synchronous RL: every device generates the batch,
   switches to training, trains it (data-parallel: gradients all-reduced, every replica steps), and
@@ -30,31 +28,12 @@ the same object drives a real run and a simulated one.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
+from bidirl.sched.policy import Policy
 from bidirl.sched.roles import DeviceState, Role
-
-
-class Policy:
-    name = "base"
-    synchronous = False
-    deadlines = True  # staleness bounded per group (AReaL); False: counted only (veRL fully-async)
-
-    def homes(self, devices: int, rollout_devices: int) -> List[Role]:
-        """The home pool of each device (the partition this policy starts from)."""
-        if not 0 < rollout_devices < devices:
-            raise ValueError(f"policy '{self.name}' needs 1..{devices - 1} rollout devices "
-                             f"of cluster.devices={devices}, got {rollout_devices}")
-        return [Role.ROLLOUT] * rollout_devices + [Role.TRAIN] * (devices - rollout_devices)
-
-    def default_rollout_devices(self, devices: int) -> int:
-        """The split used when none is given: half (a hand-picked static split)."""
-        return max(1, devices // 2)
-
-    def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
-        raise NotImplementedError
 
 
 def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None:
@@ -123,7 +102,7 @@ def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event
 
 
 class SyncPolicy(Policy):
-    name = "sync"
+    name, aliases = "sync", ("verl",)  # colocated synchronous (veRL hybrid engine)
     synchronous = True  # on-policy by construction: eta is 0 whatever the config says
 
     def homes(self, devices: int, rollout_devices: int) -> List[Role]:
@@ -151,7 +130,7 @@ class SyncPolicy(Policy):
 
 
 class AsyncPolicy(Policy):
-    name = "async"
+    name, aliases = "async", ("areal",)  # fixed partition, staleness-bounded (AReaL)
 
     def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
         actions: List[ev.Action] = []
@@ -188,7 +167,7 @@ class AsyncPolicy(Policy):
 
 
 class VerlAsyncPolicy(AsyncPolicy):
-    name = "verl-async"
+    name = "verl-async"  # veRL fully-async: streamed, count-only staleness, partial rollout
     deadlines = False
 
 
@@ -204,47 +183,3 @@ class AsyncLendPolicy(AsyncPolicy):
             for d in cluster.idle(Role.ROLLOUT):
                 if not d.after_work and d.version == cluster.version and admission_blocked(cluster, d):
                     issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked, batch ready"))
-
-
-def partition(policy: Policy, devices: int, rollout_devices: int = 0) -> List[Role]:
-    """Home pools for ``devices``; ``rollout_devices=0`` means the policy's default split."""
-    return policy.homes(devices, rollout_devices or policy.default_rollout_devices(devices))
-
-
-def _registry() -> Dict[str, Callable[..., Policy]]:
-    from bidirl.sched import borrowing as b
-
-    return {
-        "sync": SyncPolicy, "verl": SyncPolicy,  # colocated synchronous (veRL hybrid engine)
-        "async": AsyncPolicy, "areal": AsyncPolicy,  # fixed partition, staleness-bounded (AReaL)
-        "async-lend": AsyncLendPolicy,
-        "verl-async": VerlAsyncPolicy,  # veRL fully-async: streamed, count-only staleness, partial rollout
-        "roll": b.RollPolicy,
-        "streamrl": lambda estimates, batch_groups: b.StreamRLPolicy(estimates, batch_groups),
-        "verl-dynamic": lambda estimates, batch_groups: b.VerlDynamicPolicy(estimates),
-        "bidirl": lambda estimates, batch_groups: b.BidirlPolicy(estimates, batch_groups),
-        # ablations: the bidirl partition with no borrowing, or one direction only
-        "bidirl-none": lambda e, g: b.BidirlPolicy(e, g, rollout_on_train=False, train_on_rollout=False),
-        "bidirl-rot": lambda e, g: b.BidirlPolicy(e, g, rollout_on_train=True, train_on_rollout=False),
-        "bidirl-tor": lambda e, g: b.BidirlPolicy(e, g, rollout_on_train=False, train_on_rollout=True),
-    }
-
-
-NEEDS_ESTIMATES = ("streamrl", "verl-dynamic", "bidirl", "bidirl-none", "bidirl-rot", "bidirl-tor")
-POLICY_NAMES = ("sync", "verl", "async", "areal", "verl-async", "async-lend", "roll", "streamrl", "verl-dynamic", "bidirl",
-                "bidirl-none", "bidirl-rot", "bidirl-tor")
-
-
-def build_policy(name: str, estimates=None, batch_groups: int = 0) -> Policy:
-    """A policy by name; cost-aware ones need performance estimates (the simulator's or measured)."""
-    registry = _registry()
-    if name not in registry:
-        raise ValueError(f"unknown scheduling policy '{name}' (known: {', '.join(POLICY_NAMES)})")
-    if name in NEEDS_ESTIMATES:
-        if estimates is None:
-            raise ValueError(f"policy '{name}' needs performance estimates (run it under `bidirl simulate`)")
-        policy = registry[name](estimates, batch_groups)
-    else:
-        policy = registry[name]()
-    policy.name = name
-    return policy

@@ -1,7 +1,7 @@
 """The calibrated cost model the simulator uses: workload lengths + analytic performance model.
 
 Rollout runs on one continuous-batching :class:`~bidirl.sim.instance.Instance` per device. Training,
-background weight transfer, load and switch are timed from :class:`~bidirl.sim.perf.PerfModel`. It also
+background weight transfer, load and switch are timed from :class:`~bidirl.perf.analytic.PerfModel`. It also
 keeps the device-seconds of useful work, from which the ideal step time tau* = (R + T) / G follows.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from bidirl.sched.borrowing import Estimates
 from bidirl.sched.cluster import Chunk
+from bidirl.sched.estimates import Estimates
+from bidirl.perf.analytic import PerfModel
+from bidirl.perf.workload import GroupDraws, Workload
 from bidirl.sim.instance import Instance
-from bidirl.sim.perf import PerfModel
-from bidirl.sim.workload import GroupDraws, Workload
 
 
 class CalibratedCosts:
@@ -25,14 +25,9 @@ class CalibratedCosts:
         self.chunk_tokens: Dict[int, int] = {}
         self.train_device_s = 0.0
         self.switches = 0
-        self.context = workload.prompt_tokens + workload.mean_tokens / 2  # mean context while decoding
 
     def make_instance(self) -> Instance:
-        perf = self.perf
-        efficiency = perf.rollout_efficiency
-        prefill = 2 * perf.model.params * self.workload.prompt_tokens / (perf.mfu * perf.hardware.peak_flops)
-        return Instance(perf.step_intercept * efficiency, perf.step_slope(self.context) * efficiency,
-                        perf.max_concurrency(self.context), prefill * efficiency)
+        return make_instance(self.perf, self.workload)
 
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
@@ -65,6 +60,15 @@ class CalibratedCosts:
 
     def tokens(self) -> int:
         return sum(self.chunk_tokens.values())
+
+
+def make_instance(perf: PerfModel, workload: Workload) -> Instance:
+    """One device's rollout engine: decode step, KV capacity and prefill at the workload's mean context."""
+    context = workload.prompt_tokens + workload.mean_tokens / 2  # mean context while decoding
+    efficiency = perf.rollout_efficiency
+    prefill = 2 * perf.model.params * workload.prompt_tokens / (perf.mfu * perf.hardware.peak_flops)
+    return Instance(perf.step_intercept * efficiency, perf.step_slope(context) * efficiency,
+                    perf.max_concurrency(context), prefill * efficiency)
 
 
 def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, devices: int,

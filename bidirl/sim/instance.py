@@ -1,7 +1,7 @@
 """One simulated rollout engine under continuous batching (vLLM-style), at sequence granularity.
 
 Every running sequence advances one token per decode step; a step takes ``a + b * running``
-seconds (:mod:`bidirl.sim.perf`). The instance keeps a *progress* counter (decode steps done) and the
+seconds (:mod:`bidirl.perf.analytic`). The instance keeps a *progress* counter (decode steps done) and the
 running sequences sorted by the progress at which they finish; between two finishes nothing changes,
 so time advances segment by segment in a tight loop, and the simulator is woken only when a whole
 *chunk* completes (not at every sequence). Sequences beyond the KV capacity wait and join as others

@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.sched.policies import POLICY_NAMES
+from bidirl.sched.policy import policy_names
 from bidirl.sim.run import SimResult, simulate
 from bidirl.ui import console, say
 
@@ -22,9 +22,9 @@ def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path) -
 
 def run_policies(cfg: PipelineConfig, policies: Sequence[str]) -> List[SimResult]:
     """Every policy on the configured cluster; a bad policy name or split is one BidirlError."""
-    unknown = [p for p in policies if p not in POLICY_NAMES]
+    unknown = [p for p in policies if p not in policy_names()]
     if unknown:
-        raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(POLICY_NAMES)})")
+        raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(policy_names())})")
     try:
         results = [simulate(cfg, name, keep_trace=cfg.sim.gantt) for name in policies]
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
@@ -46,7 +46,7 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
         table.add_column(column, justify="right")
     base = results[0].samples_per_s
     for r in results:
-        table.add_row(r.policy, f"{r.rollout_devices}/{r.devices - r.rollout_devices}", str(r.eta),
+        table.add_row(r.policy, f"{r.rollout_devices}/{r.devices - r.rollout_devices}", f"{r.eta:g}",
                       f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
                       f"{r.efficiency:.2f}", f"{r.idle_ratio.get('rollout', 0.0):.1%}",
                       f"{r.idle_ratio.get('train', 0.0):.1%}", str(r.switches),

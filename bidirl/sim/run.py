@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from bidirl.config import PipelineConfig
+from bidirl.perf.analytic import HARDWARE, MODELS, PerfModel
+from bidirl.perf.workload import preset
+from bidirl.sched.assembly import DriverCapabilities, assemble
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.policies import build_policy
-from bidirl.sched.roles import Role
 from bidirl.sched.trace import pool_idle_ratio
-from bidirl.sim.costs import CalibratedCosts, estimates
-from bidirl.sim.perf import HARDWARE, MODELS, PerfModel
+from bidirl.sim.costs import CalibratedCosts, estimates, make_instance
 from bidirl.sim.simulator import Simulator
-from bidirl.sim.workload import preset
 
 
 @dataclass
 class SimResult:
     policy: str
-    eta: int
+    eta: float  # the staleness bound the policy ran under (0 for synchronous policies)
     rollout_devices: int
     devices: int
     makespan_s: float
@@ -37,7 +37,7 @@ class SimResult:
 
     @property
     def efficiency(self) -> float:
-        """eta = tau* / tau: 1.0 means no device ever idled and switching was free."""
+        """tau* / tau: 1.0 means no device ever idled and switching was free."""
         return self.ideal_step_s / self.step_s if self.step_s else 0.0
 
     def row(self) -> Dict[str, Any]:
@@ -55,29 +55,26 @@ def perf_model(cfg: PipelineConfig) -> PerfModel:
                      with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob)
 
 
-def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
+def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
              rollout_devices: Optional[int] = None, keep_trace: bool = False) -> SimResult:
     start = time.perf_counter()
     perf, workload = perf_model(cfg), preset(cfg.sim.workload)
-    B, G, devices = cfg.train.prompts_per_step, cfg.rollout.group_size, cfg.cluster.devices
-    steps = cfg.train.steps
-    chunk = cfg.launch.chunk_groups
-    est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s, chunk)
-    policy = build_policy(policy_name, est, B)
-    eta = cfg.algorithm.staleness if eta is None else eta
-    eta = 0 if policy.synchronous else eta
-    if rollout_devices is None:
-        rollout_devices = cfg.cluster.rollout_devices or policy.default_rollout_devices(devices)
-    homes = policy.homes(devices, rollout_devices)
-    u = 1 if policy.deadlines else cfg.algorithm.updates_per_sync  # streamed local updates (verl-async)
-    if B % u:
-        raise ValueError(f"algorithm.updates_per_sync={u} must divide train.prompts_per_step={B}")
+    shape = cfg.run_shape()
+    if eta is not None:
+        shape = dataclasses.replace(shape, staleness=eta)
+    if rollout_devices is not None:
+        shape = dataclasses.replace(shape, rollout_devices=rollout_devices)
+    B, G, devices, steps = shape.batch_groups, cfg.rollout.group_size, shape.devices, shape.steps
+    est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s, shape.chunk_groups)
+    # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
+    capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
+    simulator_can = DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
+                                       inflight_groups=capacity_groups)
+    run = assemble(policy_name, shape, simulator_can, est)
+    policy, cluster = run.policy, run.cluster
     colocated = policy.synchronous  # veRL's two switches per step add up to its reshard time
-    costs = CalibratedCosts(perf, workload, G, steps * u, cfg.seed,
+    costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed,
                             switch_s=cfg.sim.reshard_s / 2 if colocated else cfg.sim.switch_s, load_s=cfg.sim.load_s)
-    capacity_groups = max(chunk, -(-costs.make_instance().capacity // G))
-    cluster = Cluster(homes, B // u, eta, steps * u, chunk, inflight_groups=capacity_groups, interruptible=True,
-                      deadlines=policy.deadlines, updates_per_sync=u)
     simulator = Simulator(cluster, policy, costs)
     simulator.run()
     makespan = cluster.now
@@ -85,14 +82,14 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[int] = None,
     rollout_device_s = sum(i.busy_s for i in simulator.instances.values())
     ideal = (rollout_device_s + costs.train_device_s) / devices / steps
     homes_map = {d.index: d.home.value for d in cluster.devices}
-    return SimResult(policy_name, eta, sum(h is Role.ROLLOUT for h in homes), devices, makespan,
+    return SimResult(policy_name, cluster.eta, run.rollout_devices, devices, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, ideal,
                      pool_idle_ratio(cluster.trace, makespan, homes_map), dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
                      cluster if keep_trace else None)
 
 
-def best_static_split(cfg: PipelineConfig, eta: int) -> SimResult:
+def best_static_split(cfg: PipelineConfig, eta: float) -> SimResult:
     """The `areal` policy with its split chosen by search over every split (a tuned static baseline)."""
     results = [simulate(cfg, "areal", eta, x) for x in range(1, cfg.cluster.devices)]
     return max(results, key=lambda r: r.samples_per_s)

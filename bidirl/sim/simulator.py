@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Chunk, Cluster
-from bidirl.sched.progress import StepProgress
+from bidirl.sched.estimates import StepProgress
 from bidirl.sched.roles import DeviceState
 
 
@@ -136,30 +136,40 @@ class Simulator:
             self.scheduled.discard((event.device, DeviceState.SWITCHING))
         elif isinstance(event, ev.LoadDone):
             self.scheduled.discard((event.device, DeviceState.SYNCING))
-        if not isinstance(event, ev.Started):
-            self.cluster.complete(event)
+        self.cluster.complete(event)
         for action in self.policy.decide(event, self.cluster):
             self.start(action, now)
         self.start_transitions(now)
 
     def start(self, action: ev.Action, now: float) -> None:
+        self.START[type(action)](self, action, now)
+
+    def _generate(self, action: ev.Generate, now: float) -> None:
+        chunk = self.cluster.start_chunk(action)
+        if self.instances is None:
+            self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
+        else:
+            self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk))
+            self.dirty.add(action.device)
+
+    def _train(self, action: ev.Train, now: float) -> None:  # apply() composed the batch already
         cluster = self.cluster
-        if isinstance(action, ev.Generate):
-            chunk = cluster.start_chunk(action)
-            if self.instances is None:
-                self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
-            else:
-                self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk))
-                self.dirty.add(action.device)
-        elif isinstance(action, ev.Train):  # apply() composed the batch already
-            self.step = StepProgress(self.costs.train_work(cluster.batch_chunks(cluster.version)),
-                                     len(action.devices), now, next(self.step_epochs))
-            self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
-        elif isinstance(action, ev.Join):  # the rest of the step's work is shared by one more device
-            self.step.join(now, next(self.step_epochs))
-            self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
-        elif isinstance(action, ev.Sync):  # a background transfer: nobody waits for it
-            self.push(now + self.costs.sync(action.devices), ev.SyncDone(cluster.syncing))
+        self.step = StepProgress(self.costs.train_work(cluster.batch_chunks(cluster.version)),
+                                 len(action.devices), now, next(self.step_epochs))
+        self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
+
+    def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
+        self.step.join(now, next(self.step_epochs))
+        self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
+
+    def _sync(self, action: ev.Sync, now: float) -> None:  # a background transfer: nobody waits for it
+        self.push(now + self.costs.sync(action.devices), ev.SyncDone(self.cluster.syncing))
+
+    def _on_transition(self, action: ev.Action, now: float) -> None:
+        pass  # loads and switches start when the device enters SYNCING / SWITCHING (start_transitions)
+
+    START = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync,
+             ev.Load: _on_transition, ev.Switch: _on_transition}
 
     def start_transitions(self, now: float) -> None:
         """Loads and switches start when a device enters SYNCING / SWITCHING (at once or after draining).

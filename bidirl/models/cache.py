@@ -1,0 +1,60 @@
+"""Model cache entries: a folder per prepared model, complete or absent, never half-written.
+
+Every entry is built in a temporary sibling folder and renamed into place only when complete; its
+``bidirl_model.json`` (written last) records where it came from and what it measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+INFO_FILE = "bidirl_model.json"  # written last: its presence marks a complete cache entry
+
+
+@dataclass
+class PreparedModel:
+    path: str  # local directory, or a hub id for transformers to resolve
+    source: str
+    info: Dict[str, Any] = field(default_factory=dict)
+    reused: bool = False
+
+
+def cache_key(parts: Dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def cached_entry(directory: Path) -> Optional[PreparedModel]:
+    """A complete cache entry, or None (missing or half-written entries do not count)."""
+    if (directory / INFO_FILE).is_file() and (directory / "config.json").is_file():
+        info = read_info(directory)
+        return PreparedModel(str(directory), info.get("source", "cache"), info, reused=True)
+    return None
+
+
+def write_entry(directory: Path, build: Callable[[Path], Dict[str, Any]]) -> PreparedModel:
+    """Builds into a temporary sibling folder, writes the info file last, then renames into place."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        info = build(tmp)
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+        if directory.exists():
+            shutil.rmtree(directory)  # an incomplete entry left by an interrupted run
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return PreparedModel(str(directory), info.get("source", "cache"), info)
+
+
+def read_info(directory: Path) -> Dict[str, Any]:
+    try:
+        return json.loads((directory / INFO_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}

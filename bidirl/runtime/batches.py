@@ -1,0 +1,102 @@
+"""The RL data path of one run, in the order it happens (GRPO with a decoupled-PPO correction).
+
+::
+
+    1. prompts      the sampler draws B problems per step (reshuffled each epoch, seeded); the run's
+                    one PromptBuilder writes them as prompts; a chunk of them goes to a rollout device
+    2. rollout      the device samples G completions per prompt with the weights it holds, each token
+                    with its behaviour log-prob and the version that produced it, and rewards them
+                    (numeric match with the reference answer) -> ChunkGenerated
+    3. groups       completions are grouped by prompt; a group waits until the scheduler puts it in
+                    a batch (B groups, composed by the cluster bookkeeping: oldest version first)
+    4. advantages   within each group: A_i = (r_i - mean r) / (std r + eps)     (bidirl.grpo)
+    5. filter       groups whose rewards are all equal have zero advantage and teach nothing: dropped
+    6. shares       the informative samples are dealt round-robin to the step's devices; each scales
+                    its gradient by the whole batch's token count, so the shares add up to the batch
+                    gradient, and the primary trainer applies one optimizer step -> version k + 1
+
+Steps 1-3 run while earlier batches train; the scheduler decides when and where each happens. This
+module decides nothing about scheduling: it turns chunks into prompts and batches into train steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
+
+from bidirl.config import PipelineConfig
+from bidirl.data import PromptSampler, load_problems
+from bidirl.grpo import assign_advantages
+from bidirl.prompts import PromptBuilder
+from bidirl.runtime import protocol as msg
+from bidirl.samples import Sample, SamplingParams
+from bidirl.sched.cluster import Chunk
+
+PROBE_SAMPLES = 8  # samples the primary re-scores before a step: the live check that weight loads arrive
+
+
+@dataclass
+class Batch:
+    """One optimizer step's data: a train command per device, and what is logged about it."""
+
+    commands: List[Tuple[int, msg.TrainStep]]  # (device, its share)
+    stats: Dict[str, Any]
+
+
+class RolloutData:
+    def __init__(self, cfg: PipelineConfig, prompt: PromptBuilder):
+        self.cfg, self.prompt = cfg, prompt
+        self.sampler = PromptSampler(load_problems(cfg.data, "train"), cfg.seed)
+        self.params = SamplingParams(n=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
+                                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+        self.groups: Dict[int, List[List[Sample]]] = {}  # chunk -> its prompt groups not yet trained
+        self.seconds: Dict[int, float] = {}  # chunk -> seconds its device spent generating it
+
+    # 1. prompts
+    def request(self, chunk: Chunk) -> msg.GenerateChunk:
+        problems = self.sampler.next(chunk.groups)
+        return msg.GenerateChunk(chunk=chunk.index, first_group=chunk.first, params=self.params,
+                                 prompts=tuple(self.prompt(p) for p in problems),
+                                 answers=tuple(p.answer for p in problems))
+
+    # 2-3. rollout came back: group the rewarded samples by prompt
+    def collect(self, reply: msg.ChunkGenerated) -> int:
+        by_prompt: Dict[int, List[Sample]] = {}
+        for sample in reply.samples:
+            by_prompt.setdefault(sample.prompt_index, []).append(sample)
+        self.groups[reply.chunk] = [by_prompt[i] for i in sorted(by_prompt)]
+        self.seconds[reply.chunk] = reply.seconds
+        return len(by_prompt)
+
+    # 4-6. a batch the scheduler composed -> one train command per device
+    def batch(self, k: int, parts: Sequence[Tuple[Chunk, int]], members: Sequence[int], primary: int,
+              snapshot: bool) -> Batch:
+        samples: List[Sample] = []
+        rollout_s = 0.0
+        for chunk, groups in parts:
+            for _ in range(groups):
+                group = self.groups[chunk.index].pop(0)
+                assign_advantages(group, self.cfg.algorithm.std_normalize)
+                samples += group
+            rollout_s += self.seconds[chunk.index] * groups / chunk.groups  # device-seconds
+        informative = [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
+        total_tokens = max(1, sum(len(s.completion_ids) for s in informative))
+        members = tuple(members)
+        commands = []
+        for i, device in enumerate(members):
+            mine = device == primary
+            commands.append((device, msg.TrainStep(
+                step=k, samples=tuple(informative[i :: len(members)]), members=members, total_tokens=total_tokens,
+                total_sequences=max(1, len(informative)), snapshot=snapshot and mine,
+                probe=tuple(samples[:PROBE_SAMPLES]) if mine else ())))
+        stats = {
+            "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "completion_tokens_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
+            "informative_ratio": len(informative) / len(samples),
+            "staleness_mean": sum((k - s.version) for s in samples) / len(samples),
+            "staleness_max": max(k - s.version for s in samples),
+            "rollout_s": round(rollout_s, 4),
+            "train_devices": len(members), "samples": len(samples),
+            "tokens": sum(len(s.completion_ids) for s in samples)}
+        return Batch(commands, stats)
+

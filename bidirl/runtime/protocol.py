@@ -1,0 +1,193 @@
+"""The runtime's typed messages: one dataclass per command (controller -> worker) and per reply.
+
+Roles travel as the scheduler's :class:`~bidirl.sched.roles.Role` enum, samples as
+:class:`~bidirl.samples.Sample`, so nothing is turned back from strings on either side.
+
+Adding a command is one dataclass here, whose ``handler`` names the worker method that runs it, and
+that method on :class:`~bidirl.runtime.worker.Worker`, returning a reply dataclass (a test checks
+every command has its handler). The worker stamps each reply with its device and the seconds the
+command took.
+
+::
+
+    controller                                      worker main thread        weight receiver thread
+    Plan (published once) ───────────────────────►  reads it at start-up
+    GenerateChunk  ──►  ChunkGenerated              generate, reward
+    TrainStep      ──►  StepDone                    gradients, all-reduce, (home trainers) optimizer step
+    PublishWeights ──►  WeightsStaged (primary's sender thread, once its broadcast is done)
+    ReceiveWeights ─────────────────────────────────────────────────────────► join the broadcast
+                                                                               ──► WeightsStaged
+    LoadWeights    ──►  WeightsLoaded               apply a staged version
+    SwitchRole     ──►  RoleSwitched                serve the other role
+    EvaluateSnapshots ──► Evaluated                 held-out accuracy of weight snapshots
+    SaveCheckpoint ──►  CheckpointSaved
+    Stop           ──►  Stopped
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
+from bidirl.samples import Sample, SamplingParams
+from bidirl.sched.roles import Role
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Published by the controller before anything else: who is where."""
+
+    primary: int  # the primary trainer: the only optimizer, the source of versions
+    homes: Tuple[Role, ...]  # home pool per device
+    run_path: str
+
+
+# ---- commands (controller -> worker) ----------------------------------------------------------
+
+
+class Command:
+    handler: ClassVar[str]  # the Worker method that runs it
+
+
+@dataclass(frozen=True)
+class GenerateChunk(Command):
+    handler = "generate"
+    chunk: int
+    first_group: int  # sequence number of the chunk's first prompt group
+    prompts: Tuple[str, ...]
+    answers: Tuple[str, ...]  # reference answers, for the reward
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class TrainStep(Command):
+    handler = "train_step"
+    step: int  # the batch (= the version it is trained from)
+    samples: Tuple[Sample, ...]  # this device's share of the batch's informative samples
+    members: Tuple[int, ...]  # every device of the step (the all-reduce group)
+    total_tokens: int  # of the whole batch: shares scale their gradients by it, so they add up
+    total_sequences: int
+    snapshot: bool = False  # save a weight snapshot after the step (primary only)
+    probe: Tuple[Sample, ...] = ()  # a few samples for the log-prob check (primary only)
+
+
+@dataclass(frozen=True)
+class PublishWeights(Command):
+    handler = "publish"
+    version: int
+    members: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReceiveWeights(Command):
+    """For the weight receiver thread's own queue: join the broadcast of ``version``."""
+
+    handler = "receive"
+    version: int
+    members: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadWeights(Command):
+    handler = "load"
+    version: int
+
+
+@dataclass(frozen=True)
+class SwitchRole(Command):
+    handler = "switch"
+    role: Role
+
+
+@dataclass(frozen=True)
+class EvaluateSnapshots(Command):
+    handler = "evaluate"
+    snapshots: Tuple[Tuple[int, str], ...]  # (version, path)
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint(Command):
+    handler = "checkpoint"
+    path: str
+
+
+@dataclass(frozen=True)
+class Stop(Command):
+    handler = "stop"
+
+
+COMMANDS: Tuple[type, ...] = (GenerateChunk, TrainStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
+                              EvaluateSnapshots, SaveCheckpoint, Stop)
+
+# ---- replies (worker -> controller) ------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Reply:
+    device: int = -1  # stamped by the worker
+    seconds: float = 0.0  # how long the command took on the worker
+
+
+@dataclass
+class Ready(Reply):
+    startup_s: float
+    groups_s: float
+
+
+@dataclass
+class ChunkGenerated(Reply):
+    chunk: int
+    samples: List[Sample]  # rewarded, in prompt order
+    version: int
+
+
+@dataclass
+class StepDone(Reply):
+    version: Optional[int]  # the new version on a home trainer; None on a lent device (gradients only)
+    compute_s: float
+    reduce_s: float
+    stats: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class WeightsStaged(Reply):
+    version: int
+    transfer_s: float
+
+
+@dataclass
+class WeightsLoaded(Reply):
+    version: int
+    copy_s: float  # into the training model
+    load_s: float  # into the rollout engine (0 if not serving rollout)
+
+
+@dataclass
+class RoleSwitched(Reply):
+    role: Role
+    load_s: float  # weights loaded into the rollout engine on the way in
+    join_s: float  # looking up the pre-built gradient group on the way into training
+    switch_s: float
+    version: int
+
+
+@dataclass
+class Evaluated(Reply):
+    results: List[Tuple[int, float]]  # (version, held-out accuracy)
+
+
+@dataclass
+class CheckpointSaved(Reply):
+    path: str
+    version: int
+
+
+@dataclass
+class Stopped(Reply):
+    pass
+
+
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched, Evaluated,
+                             CheckpointSaved, Stopped)
+
+Message = Any  # a Plan, a Command or a Reply

@@ -1,0 +1,131 @@
+"""What a live run reports: per-step metrics, weight snapshots and their held-out accuracy, the
+summary, the trace, the plots. The controller hands it what happened; it decides nothing.
+
+Timeline. ``t0`` is when the workers are ready and the policy starts; every step row's ``time_s``
+and every evaluation's ``time_s`` are seconds since then. Snapshots are evaluated after training (so
+evaluation never perturbs the timeline), but each accuracy is logged at the training time its
+version existed, so accuracy-against-time plots show when a model was that good.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, List, Tuple
+
+from bidirl.config import PipelineConfig
+from bidirl.rundir import RunDir
+from bidirl.runtime import protocol as msg
+from bidirl.sched.cluster import Cluster
+from bidirl.sched.trace import median, pool_idle_ratio, switch_overheads
+from bidirl.ui import say
+
+
+class RunReport:
+    def __init__(self, cfg: PipelineConfig, run: RunDir):
+        self.cfg, self.run = cfg, run
+        self.snapshots: List[Tuple[int, str]] = [(0, self.snapshot_path(0))]
+        self.version_seconds: Dict[int, float] = {0: 0.0}  # RL time at which each version existed
+        self.switches: List[msg.RoleSwitched] = []
+        self.loads: List[msg.WeightsLoaded] = []
+        self.staged: List[msg.WeightsStaged] = []
+        self.sync_seconds: List[float] = []  # publish issued -> last member staged, as the controller saw it
+        self.consumed_samples = 0
+        self.consumed_tokens = 0
+        self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.run.started = time.time()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # ---- snapshots ---------------------------------------------------------------------------
+    def snapshot_path(self, version: int) -> str:
+        return str(self.run.path / "snapshots" / f"v{version:05d}.pt")
+
+    def wants_snapshot(self, version: int) -> bool:
+        """Every ``logging.eval_every`` versions and the last one; recorded for evaluation after training."""
+        every = max(1, self.cfg.logging.eval_every)
+        if version % every == 0 or version == self.cfg.train.steps:
+            self.snapshots.append((version, self.snapshot_path(version)))
+            return True
+        return False
+
+    # ---- per step ----------------------------------------------------------------------------
+    def step_done(self, primary: msg.StepDone, batch: Dict[str, Any]) -> Dict[str, Any]:
+        self.consumed_samples += batch["samples"]
+        self.consumed_tokens += batch["tokens"]
+        elapsed = self.elapsed()
+        self.version_seconds[primary.version] = elapsed
+        last_sync = self.sync_seconds[-1] if self.sync_seconds else 0.0
+        stats = {k: v for k, v in primary.stats.items() if isinstance(v, (int, float))}
+        self.run.log(primary.version, **{k: v for k, v in batch.items() if k not in ("samples", "tokens")},
+                     **stats, train_s=round(primary.seconds, 4), reduce_s=round(primary.reduce_s, 4),
+                     sync_s=round(last_sync, 4), samples_consumed=self.consumed_samples,
+                     samples_per_s=self.consumed_samples / elapsed, tokens_per_s=self.consumed_tokens / elapsed)
+        return {"reward": batch["reward_mean"], "stale": batch["staleness_mean"]}
+
+    # ---- after training ------------------------------------------------------------------------
+    def curve(self, results: List[Tuple[int, float]]) -> List[Dict[str, Any]]:
+        per_step = self.cfg.train.prompts_per_step * self.cfg.rollout.group_size
+        curve = []
+        for version, accuracy in results:
+            seconds = self.version_seconds.get(version, 0.0)
+            curve.append({"step": version, "samples": version * per_step, "accuracy": accuracy,
+                          "minutes": round(seconds / 60, 2)})
+            self.run.log(version, time_s=round(seconds, 3), eval_accuracy=accuracy,
+                         samples_consumed=version * per_step)
+        return curve
+
+    def summary(self, cluster: Cluster, policy: str, rl_seconds: float, curve: List[Dict[str, Any]]) -> Dict[str, Any]:
+        from bidirl.plots import plot_gantt, plot_learning_curves
+
+        path = self.run.path
+        with open(path / "trace.jsonl", "w") as out:
+            for record in cluster.trace:
+                out.write(json.dumps(record) + "\n")
+        homes = {d.index: d.home.value for d in cluster.devices}
+        switches = self.switch_figures(cluster.trace)
+        summary = {
+            "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),
+            "eta": cluster.eta, "steps": cluster.version, "rl_seconds": round(rl_seconds, 2),
+            "samples_per_s": round(self.consumed_samples / rl_seconds, 2),
+            "tokens_per_s": round(self.consumed_tokens / rl_seconds, 2),
+            "idle_ratio": pool_idle_ratio(cluster.trace, cluster.now, homes),
+            "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
+            "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
+            "sync_transfer_median_s": round(median(m.transfer_s for m in self.staged), 4),
+            "loads": len(self.loads),
+            "load_median_ms": round(1000 * median(m.seconds for m in self.loads), 2),
+            "switches": switches, "leases": cluster.lease_summary(), "curve": curve,
+            "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),
+        }
+        if curve:
+            summary["learning_curve"] = str(plot_learning_curves(path / "metrics.jsonl", path / "learning_curve.png"))
+            summary["accuracy_start"], summary["accuracy_end"] = curve[0]["accuracy"], curve[-1]["accuracy"]
+        say(f"{policy}: {summary['samples_per_s']} samples/s over {summary['rl_seconds']} s, "
+            f"idle {summary['idle_ratio']}, staleness {summary['staleness_histogram']}, "
+            f"switches {switches.get('count', 0)} (median {switches.get('total_median_ms', 0)} ms)")
+        return summary
+
+    def switch_figures(self, trace: List[dict]) -> Dict[str, Any]:
+        observed = switch_overheads(trace)
+        if not self.switches:
+            return {"count": 0}
+        ms = lambda values: round(1000 * median(list(values)), 2)  # noqa: E731
+        figures: Dict[str, Any] = {"count": len(self.switches)}
+        for role in ("rollout", "train"):  # into rollout a switch loads weights; into training it joins groups
+            mine = [r for r in self.switches if r.role.value == role]
+            seen = [o for o in observed if o["to"] == role]
+            if mine:
+                figures[f"to_{role}"] = {
+                    "count": len(mine), "drain_median_ms": ms(o["drain_s"] for o in seen),
+                    "weight_load_median_ms": ms(r.load_s for r in mine),
+                    "group_join_median_ms": ms(r.join_s for r in mine),
+                    "worker_median_ms": ms(r.seconds for r in mine),
+                    "observed_median_ms": ms(o["switch_s"] for o in seen),
+                    "first_work_median_ms": ms(o["first_work_s"] for o in seen)}
+        figures["total_median_ms"] = ms(o["switch_s"] for o in observed)
+        return figures

@@ -1,0 +1,86 @@
+"""One run assembly for every driver: (policy name, run shape, driver capabilities) -> policy + Cluster.
+
+The live controller, the simulator and ``bidirl launch``'s pre-flight check all build a run here, so
+the rules are written once:
+
+* the partition: ``rollout_devices`` = 0 means the policy's own default split;
+* the staleness bound: :meth:`~bidirl.sched.policy.Policy.effective_eta` (a synchronous policy runs at
+  0 whatever the config says), checked against what the policy can keep (whole versions with
+  per-group deadlines, any fraction when only counted);
+* streamed updates (``updates_per_sync`` = u > 1, veRL fully-async): only for count-only policies, only
+  on drivers that can carry them out, and u must divide the batch -- the cluster then counts u
+  updates of B/u groups per published version;
+* what the driver can do (:class:`DriverCapabilities`) goes into the bookkeeping, so policies ask the
+  cluster instead of knowing which driver runs them.
+
+Impossible combinations raise ``ValueError`` with a one-line message naming the setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+from bidirl.sched.cluster import Cluster, check_staleness
+from bidirl.sched.estimates import NO_ESTIMATES, EstimatesProvider
+from bidirl.sched.policy import Policy, build_policy
+from bidirl.sched.roles import Role
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The sizes of a run, as configured (``PipelineConfig.run_shape()``)."""
+
+    devices: int
+    rollout_devices: int  # 0: the policy's default split
+    batch_groups: int  # prompt groups per optimizer step (B)
+    steps: int
+    chunk_groups: int
+    staleness: float  # eta, in versions (count-only policies accept fractions)
+    updates_per_sync: int = 1
+
+
+@dataclass(frozen=True)
+class DriverCapabilities:
+    """What the driver that carries the run out can do."""
+
+    allows_join: bool  # add a device to a train step in progress (Join)
+    interruptible: bool  # pause generation for a weight load instead of waiting for the chunk to end
+    streams_updates: bool  # several optimizer updates per weight sync
+    inflight_groups: int = 0  # groups a rollout device may hold at once (0: one chunk)
+
+
+LIVE = DriverCapabilities(allows_join=False, interruptible=False, streams_updates=False)
+
+
+@dataclass
+class Assembly:
+    policy: Policy
+    cluster: Cluster
+
+    @property
+    def homes(self) -> List[Role]:
+        return [d.home for d in self.cluster.devices]
+
+    @property
+    def rollout_devices(self) -> int:
+        return sum(home is Role.ROLLOUT for home in self.homes)
+
+
+def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
+             estimates: EstimatesProvider = NO_ESTIMATES) -> Assembly:
+    policy = build_policy(policy_name, estimates, shape.batch_groups)
+    homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
+    eta = policy.effective_eta(shape.staleness)
+    check_staleness(eta, policy.deadlines)
+    u = shape.updates_per_sync
+    if u != 1 and not driver.streams_updates:
+        raise ValueError(f"algorithm.updates_per_sync={u}: streamed updates within a sync window are simulated "
+                         "only (`bidirl simulate`); the runtime syncs after every update")
+    u = 1 if policy.deadlines else u  # streamed local updates are veRL fully-async's (count-only) mechanism
+    if shape.batch_groups % u:
+        raise ValueError(f"algorithm.updates_per_sync={u} must divide train.prompts_per_step={shape.batch_groups}")
+    cluster = Cluster(homes, shape.batch_groups // u, eta, shape.steps * u, shape.chunk_groups,
+                      inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
+                      deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join)
+    return Assembly(policy, cluster)

@@ -1,0 +1,100 @@
+"""What the cost-aware policies believe work costs: cost estimates, where they come from, and the
+estimate of a train step in progress. Pure Python.
+
+A policy is constructed with an :class:`EstimatesProvider` and asks it for :class:`Estimates` when it
+decides; it never receives new numbers from outside. Providers:
+
+* :class:`Estimates` itself -- fixed numbers (the simulator's performance model: what a profiler
+  would report);
+* :class:`MeasuredEstimates` -- moving averages of what a live run measures as it goes (zero until
+  measured, so a cost-aware policy lends nothing before it has measured a chunk and a step);
+* :data:`NO_ESTIMATES` -- for policies that need none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Estimates:
+    generate_group_s: float  # device-seconds to generate one prompt group (all G samples)
+    train_batch_s: float  # device-seconds of one optimizer step's gradient work (T)
+    switch_s: float  # one role switch
+    grad_transfer_s: float = 0.0  # returning one device's gradients to the primary
+    chunk_s: float = 0.0  # wall time of one chunk alone on a device: how long a lent trainer is away
+
+    def lease_s(self, chunk_groups: int) -> float:
+        return self.chunk_s or self.generate_group_s * chunk_groups
+
+    @property
+    def measured(self) -> bool:
+        return self.generate_group_s > 0 and self.train_batch_s > 0
+
+    def current(self) -> "Estimates":
+        return self  # fixed numbers are their own provider
+
+
+NO_ESTIMATES = Estimates(0.0, 0.0, 0.0)
+
+
+class EstimatesProvider(Protocol):
+    def current(self) -> Estimates: ...
+
+
+class MeasuredEstimates:
+    """Estimates from the live run itself (moving averages of what the workers report), for drivers
+    without a performance model. Until a chunk and a step have been measured they are zero, and the
+    cost-aware policies lend nothing."""
+
+    def __init__(self, weight: float = 0.3):
+        self.weight = weight
+        self.values = {"generate_group_s": 0.0, "train_batch_s": 0.0, "switch_s": 0.0, "grad_transfer_s": 0.0,
+                       "chunk_s": 0.0}
+
+    def _observe(self, name: str, value: float) -> None:
+        old = self.values[name]
+        self.values[name] = value if old == 0.0 else (1 - self.weight) * old + self.weight * value
+
+    def chunk(self, seconds: float, groups: int) -> None:
+        self._observe("generate_group_s", seconds / groups)
+        self._observe("chunk_s", seconds)
+
+    def step(self, seconds: float, devices: int, reduce_s: float) -> None:
+        self._observe("train_batch_s", (seconds - reduce_s) * devices)  # device-seconds of gradient work
+        self._observe("grad_transfer_s", reduce_s)
+
+    def switch(self, seconds: float) -> None:
+        self._observe("switch_s", seconds)
+
+    def current(self) -> Estimates:
+        return Estimates(**self.values)
+
+
+def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
+    """Rollout devices x minimising max(R / x, T / (n - x)): StreamRL's / the planner's static balance."""
+    rollout_work = estimates.generate_group_s * batch_groups
+    return min(range(1, devices), key=lambda x: max(rollout_work / x, estimates.train_batch_s / (devices - x)))
+
+
+@dataclass
+class StepProgress:
+    """The gradient work of a train step in progress, shared evenly by its devices: ``work_left``
+    device-seconds as of ``since``. A device that joins takes a share of what is left. The simulator
+    times steps with it; the bidirl policy keeps one as its estimate of the step in progress."""
+
+    work_left: float
+    devices: int
+    since: float
+    epoch: int = 0  # the simulator's: unique across steps, so a superseded finish never matches
+
+    def seconds_left(self, now: float) -> float:
+        return max(0.0, self.work_left - self.devices * (now - self.since)) / self.devices
+
+    def finish(self, communication_s: float = 0.0) -> float:
+        return self.since + self.work_left / self.devices + communication_s
+
+    def join(self, now: float, epoch: int = 0) -> None:
+        self.work_left = self.seconds_left(now) * self.devices
+        self.devices, self.since, self.epoch = self.devices + 1, now, epoch

@@ -1,0 +1,83 @@
+"""The scheduling-policy interface and the one registry of policies, by name.
+
+A policy answers one question after every event: *given the cluster as it is now, what starts?*
+Contract: ``decide(event, cluster)`` applies each action it takes to the bookkeeping at once
+(``cluster.apply``, so later choices in the same decision see it) and returns them, in order, for the
+driver -- the live runtime or the simulator -- to carry out. Policies hold no clocks and no engines,
+so the same object drives a real run and a simulated one.
+
+Adding a policy is one class in one file: subclass :class:`Policy` (or one of the policies in
+:mod:`bidirl.sched.policies` / :mod:`bidirl.sched.borrowing`), give it a ``name`` (and ``aliases``),
+say whether it ``needs_estimates``, implement ``decide``. Defining the class registers it; the CLI,
+the config schema (``launch.mode``), the simulator and the live runtime then all know it. A policy
+is constructed once, with an estimates provider it asks for current costs, and is never changed from
+outside afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Dict, List, Tuple, Type
+
+from bidirl.sched import events as ev
+from bidirl.sched.cluster import Cluster
+from bidirl.sched.estimates import NO_ESTIMATES, Estimates, EstimatesProvider
+from bidirl.sched.roles import Role
+
+POLICIES: Dict[str, Type["Policy"]] = {}  # name or alias -> class, in the order defined
+
+
+class Policy:
+    name: ClassVar[str] = ""  # a subclass that sets a name is registered under it
+    aliases: ClassVar[Tuple[str, ...]] = ()
+    needs_estimates: ClassVar[bool] = False  # cost-aware: decides with Estimates
+    synchronous: ClassVar[bool] = False  # on-policy by construction: staleness is 0 whatever the config says
+    deadlines: ClassVar[bool] = True  # staleness bounded per group (AReaL); False: counted only (veRL fully-async)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            for key in (cls.name, *cls.__dict__.get("aliases", ())):  # aliases are not inherited
+                if key in POLICIES and POLICIES[key].__qualname__ != cls.__qualname__:
+                    raise ValueError(f"policy name '{key}' is taken by {POLICIES[key].__qualname__}")
+                POLICIES[key] = cls
+
+    def __init__(self, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0, label: str = ""):
+        if self.needs_estimates and estimates is NO_ESTIMATES:
+            raise ValueError(f"policy '{self.name}' needs performance estimates (measured live, or the simulator's)")
+        self._estimates = estimates
+        self.batch_groups = batch_groups
+        self.label = label or self.name  # the name it was asked for (an alias, say), for reports
+
+    @property
+    def estimates(self) -> Estimates:
+        """The provider's current numbers (fixed for a model, moving averages when measured live)."""
+        return self._estimates.current()
+
+    def effective_eta(self, staleness: float) -> float:
+        """The staleness bound this policy runs under: the configured one, or 0 if synchronous."""
+        return 0.0 if self.synchronous else float(staleness)
+
+    def homes(self, devices: int, rollout_devices: int) -> List[Role]:
+        """The home pool of each device (the partition this policy starts from)."""
+        if not 0 < rollout_devices < devices:
+            raise ValueError(f"policy '{self.label}' needs 1..{devices - 1} rollout devices "
+                             f"of cluster.devices={devices}, got {rollout_devices}")
+        return [Role.ROLLOUT] * rollout_devices + [Role.TRAIN] * (devices - rollout_devices)
+
+    def default_rollout_devices(self, devices: int) -> int:
+        """The split used when none is given: half (a hand-picked static split)."""
+        return max(1, devices // 2)
+
+    def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
+        raise NotImplementedError
+
+
+def policy_names() -> Tuple[str, ...]:
+    return tuple(POLICIES)
+
+
+def build_policy(name: str, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0) -> Policy:
+    """A policy by name or alias; cost-aware ones need an estimates provider."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduling policy '{name}' (known: {', '.join(POLICIES)})")
+    return POLICIES[name](estimates, batch_groups, label=name)
