@@ -147,8 +147,9 @@ class SimConfig:
     model: str = "7B"  # a name in bidirl.perf.analytic.MODELS
     workload: str = "gsm8k"  # a name in bidirl.perf.workload.PRESETS
     policies: List[str] = field(default_factory=lambda: ["verl", "areal", "roll", "streamrl", "verl-dynamic", "bidirl"])
-    switch_s: float = 0.5  # one hot role switch (RLinf: "within 1 s")
-    reshard_s: float = 1.2  # veRL colocated train -> generation reshard per step (7B, 8xH100)
+    # one role switch, the same for every policy whose devices switch (veRL's colocated reshard too);
+    # 0 = from the performance model (sleep/wake: 0.6 s for 7B on H100, veRL's published reshard)
+    switch_s: float = 0.0
     load_s: float = 0.1  # applying staged weights in place in a rollout engine (checkpoint-engine class)
     rollout_efficiency: float = 2.14  # RL rollout vs serving-benchmark decode speed; fitted on case A
     mfu: float = 0.33

@@ -191,3 +191,14 @@ def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_take
     assert [r["step"] for r in evals] == [0, 2, 4] and evals[0]["time_s"] == 0.0
     for row in evals[1:]:  # evaluated after training, but placed when that version existed
         assert row["time_s"] == pytest.approx(trained_at[row["step"]], abs=0.05)
+
+
+def test_live_summary_accounts_device_time_by_cause_in_the_simulators_categories(async_run):
+    from bidirl.sched.trace import CATEGORIES
+
+    breakdown = json.loads((async_run / "summary.json").read_text())["time_breakdown"]
+    assert set(breakdown) == {"rollout", "train"}
+    for parts in breakdown.values():
+        assert set(parts) == set(CATEGORIES) and sum(parts.values()) == pytest.approx(1.0, abs=1e-3)
+    trace = read_jsonl(async_run / "trace.jsonl")
+    assert all("cause" in r for r in trace if r["to"] == "idle")

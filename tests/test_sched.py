@@ -113,12 +113,47 @@ def test_a_device_joining_a_step_shares_the_work_left_and_the_next_step_is_timed
     cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.ROLLOUT], batch_groups=1, eta=1, steps=2, chunk_groups=2,
                       inflight_groups=2)
     Simulator(cluster, ScriptedJoin(), FixedCosts(generate_per_group=0.0, train_step=4.0, switch_s=1.0)).run()
-    steps = [(r["t"], r["reason"]) for r in cluster.trace if r["device"] == 1 and r["to"] == "idle"]
+    steps = [(r["t"], r["reason"]) for r in cluster.trace if r["device"] == 1 and r["to"] == "idle" != r["from"]]
     # alone for 1 s (3 device-seconds left), then shared by two: 1 + 3/2; the second step runs alone for
     # 4 s -- the first step's superseded finish at t=4 must not end it
     assert steps == [(2.5, "step -> v1"), (6.5, "step -> v2")]
     joined = [r for r in cluster.trace if r["device"] == 2 and r["to"] == "training"]
     assert [(r["t"], r["reason"]) for r in joined] == [(1.0, "joins batch 0")]
+
+
+def test_a_lent_devices_gradient_return_to_the_primary_shows_in_the_step_time():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.ROLLOUT], batch_groups=1, eta=1, steps=2, chunk_groups=2,
+                      inflight_groups=2)
+    costs = FixedCosts(generate_per_group=0.0, train_step=4.0, switch_s=1.0, gradient_return_s=0.5)
+    Simulator(cluster, ScriptedJoin(), costs).run()
+    steps = [(r["t"], r["reason"]) for r in cluster.trace if r["device"] == 1 and r["to"] == "idle" != r["from"]]
+    assert steps == [(3.0, "step -> v1"), (7.0, "step -> v2")]  # 2.5 as before, + 0.5 for the joiner's gradients
+
+
+def test_when_the_batch_is_smaller_than_a_chunk_per_device_every_rollout_device_still_generates():
+    policy = build_policy("areal")
+    cluster = Cluster(policy.homes(10, 8), batch_groups=16, eta=0, steps=2, chunk_groups=8, inflight_groups=64)
+    actions = policy.decide(ev.Started(), cluster)
+    assert sorted(a.device for a in actions) == list(range(8)) and {a.groups for a in actions} == {2}
+
+
+def test_no_new_groups_go_to_a_device_still_decoding_an_older_versions_tail():
+    from bidirl.sched.policies import fill_rollout
+
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=2, steps=6, chunk_groups=2,
+                      inflight_groups=8, interruptible=True)
+    cluster.apply(ev.Generate(0, 2))
+    cluster.devices[0].version = cluster.devices[1].version = 1  # a load arrived mid-generation
+    cluster.version = cluster.published = 1
+    actions = []
+    fill_rollout(cluster, actions)
+    assert actions and {a.device for a in actions} == {1}  # device 0 finishes its v0 tail first
+
+
+def test_idle_rollout_devices_blocked_by_staleness_and_trainers_waiting_for_a_tail_say_so():
+    cluster = simulate("async", eta=0, steps=4, costs=FixedCosts(generate_per_group=0.1, train_step=3.0))
+    causes = {(r["home"], r["cause"]) for r in cluster.trace if r["to"] == "idle"}
+    assert ("rollout", "admission") in causes and ("train", "tail") in causes
 
 
 def test_sync_policy_is_on_policy_and_switches_every_device_twice_per_step():

@@ -31,7 +31,7 @@ def test_instance_finishes_short_sequences_first_and_the_tail_runs_alone():
     instance = Instance(step_a=0.01, step_b=0.001, capacity=100, prefill_s_per_seq=0.0)
     instance.admit(0.0, chunk=0, lengths=[10])
     instance.admit(0.0, chunk=1, lengths=[100])
-    assert drain(instance) == [0, 1]
+    assert drain(instance) == [(0, 0), (1, 0)]  # (chunk, group)
     # 10 steps at batch 2, then 90 steps alone
     assert instance.clock == pytest.approx(10 * (0.01 + 0.002) + 90 * (0.01 + 0.001))
 
@@ -46,6 +46,64 @@ def test_instance_queues_beyond_kv_capacity_and_a_pause_delays_everything():
     paused.pause(0.05, 1.0)
     drain(paused)
     assert paused.clock == pytest.approx(1.2)
+
+
+def test_a_group_completes_when_its_own_last_sequence_ends_not_when_its_chunk_does():
+    instance = Instance(step_a=0.01, step_b=0.0, capacity=100, prefill_s_per_seq=0.0)
+    instance.admit(0.0, chunk=7, lengths=[5, 5, 50, 50], group_size=2)  # two groups of two
+    first = instance.next_finish()
+    assert instance.finish_due(first) == [(7, 0)] and first == pytest.approx(0.05)
+    assert drain(instance) == [(7, 1)]
+
+
+def test_an_interrupting_load_recomputes_the_whole_context_so_it_costs_more_the_more_was_generated():
+    def finish_after_pause_at(t):
+        instance = Instance(step_a=0.01, step_b=0.0, capacity=10, prefill_s_per_seq=0.1, recompute_s_per_token=0.01)
+        instance.admit(0.0, 0, [100, 100])
+        instance.pause(t, seconds=0.5)
+        return drain(instance) and instance.clock
+
+    # prefill until 0.2 s, then 100 tokens at 0.01 s; a pause adds the load (0.5 s) and recomputes both
+    # prompts (0.1 s each) and every token generated so far (0.01 s each)
+    assert finish_after_pause_at(0.6) == pytest.approx(0.6 + 0.5 + 2 * 0.1 + 2 * 40 * 0.01 + 0.6)
+    assert finish_after_pause_at(1.0) == pytest.approx(1.0 + 0.5 + 2 * 0.1 + 2 * 80 * 0.01 + 0.2)
+
+
+def test_results_do_not_depend_on_the_chunk_size_a_real_system_would_not_care_about():
+    for policy in ("verl", "areal", "bidirl"):
+        throughputs = [simulate(small(f"launch.chunk_groups={chunk}", "algorithm.staleness=1"), policy).samples_per_s
+                       for chunk in (4, 8, 16)]
+        assert max(throughputs) / min(throughputs) < 1.01, (policy, throughputs)
+
+
+def test_every_policy_that_switches_pays_the_same_switch_the_performance_model_gives():
+    from bidirl.sched.trace import switch_overheads
+    from bidirl.sim.run import perf_model
+
+    cfg = small("algorithm.staleness=0")
+    expected = perf_model(cfg).switch_seconds()
+    for policy in ("verl", "async-lend", "verl-dynamic", "bidirl"):
+        switches = switch_overheads(simulate(cfg, policy, keep_trace=True).cluster.trace)
+        assert switches and [s["switch_s"] for s in switches] == pytest.approx([expected] * len(switches)), policy
+    bigger = perf_model(small("sim.model=32B")).switch_seconds()
+    assert expected == pytest.approx(0.6, abs=0.01) and bigger > 2 * expected  # more bytes to release and reload
+
+
+def test_the_bound_is_the_same_for_every_policy_and_no_policy_beats_it():
+    results = [simulate(small("algorithm.staleness=0"), p) for p in ("verl", "areal", "roll", "bidirl")]
+    assert len({r.bound_step_s for r in results}) == 1
+    assert all(r.bound_step_s < r.step_s for r in results)
+
+
+def test_device_time_is_accounted_by_cause_in_the_same_categories_for_every_policy():
+    from bidirl.sched.trace import CATEGORIES
+
+    for policy in ("verl", "areal", "bidirl"):
+        result = simulate(small("algorithm.staleness=1", "sim.workload=reasoning"), policy)
+        for pool, parts in result.time_breakdown.items():
+            assert set(parts) == set(CATEGORIES) and sum(parts.values()) == pytest.approx(1.0, abs=1e-3)
+            assert parts["busy"] == pytest.approx(1 - result.idle_ratio[pool] - parts["switching"] - parts["draining"]
+                                                  - parts["syncing"], abs=2e-3)
 
 
 def test_simulation_is_deterministic_for_a_seed():
@@ -85,7 +143,7 @@ def test_simulate_cli_prints_a_table_and_writes_gantts_and_a_bar_chart(tmp_path)
     result = subprocess.run([bidirl, "simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,areal,bidirl",
                              *SMALL_CLUSTER, f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "samples/s" in result.stderr + result.stdout
+    assert "samples/s" in result.stdout and "efficiency" in result.stdout and "busy / tail / admission" in result.stdout
     (run,) = tmp_path.iterdir()
     for name in ("gantt-verl.png", "gantt-areal.png", "gantt-bidirl.png", "throughput.png", "trace-bidirl.jsonl"):
         assert (run / name).stat().st_size > 0, name

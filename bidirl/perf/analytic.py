@@ -11,8 +11,20 @@ Rollout (one vLLM instance per device; :mod:`bidirl.sim.instance` does the conti
 
 Training (FSDP): tokens * k * N / (MFU * peak FLOP/s * devices) + ring all-reduce of bf16 gradients,
 with k = 6 (update) [+ 2 recomputing old log-probs, veRL/AReaL] [+ 2 with a reference model]. MFU 0.33 (veRL report).
-Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). Switch and reshard costs
-are parameters of the run (``sim.switch_s``, ``sim.reshard_s``).
+Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). A trainer's gradients
+returned to the primary (a lent device, Trainer-on-RollPool): bf16 gradient bytes / link bandwidth,
+serialised at the primary.
+
+Role switch, the same rule for every policy whose devices switch: a device cannot hold a rollout
+engine's full KV cache *and* its training state in HBM, so a switch releases one and reallocates the
+other, as veRL's hybrid engine does with vLLM sleep/wake -- weights offloaded to or reloaded from host
+memory plus a fixed cost of rebuilding the KV cache and process state::
+
+    switch = fixed + bf16 weight bytes / host<->device bandwidth
+
+``fixed`` = 0.36 s comes from the one published figure, veRL's 1.2 s train -> generation reshard of a
+7B model on 8xH100 (two switches a step: 0.6 s each, of which 15.2 GB over PCIe Gen5's 64 GB/s is
+0.24 s). ``sim.switch_s`` overrides it for a sensitivity sweep.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ class Hardware:
     hbm_bw: float  # bytes/s
     peak_flops: float  # dense bf16 FLOP/s
     link_bw: float  # bytes/s for gradient all-reduce / weight broadcast across devices
+    host_bw: float = 64e9  # bytes/s host <-> device (PCIe Gen5 each way; Gen4 on A100)
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ HARDWARE: Dict[str, Hardware] = {
     "H100": Hardware("H100", 80e9, 3.35e12, 989e12, 50e9),
     "H200": Hardware("H200", 141e9, 4.8e12, 989e12, 50e9),
     "H20": Hardware("H20", 96e9, 4.0e12, 148e12, 50e9),
-    "A100": Hardware("A100", 80e9, 2.0e12, 312e12, 25e9),
+    "A100": Hardware("A100", 80e9, 2.0e12, 312e12, 25e9, host_bw=32e9),
 }
 MODELS: Dict[str, ModelSpec] = {
     "7B": ModelSpec("7B", 7.6e9, 56e3),  # Qwen2.5-7B
@@ -65,6 +78,7 @@ class PerfModel:
     sync_latency_s: float = 0.05
     with_reference: bool = False
     recompute_logprob: bool = True
+    switch_fixed_s: float = 0.36  # veRL 7B/8xH100 reshard: 0.6 s per switch minus 15.2 GB over 64 GB/s
 
     # ---- rollout ------------------------------------------------------------------------------
     @property
@@ -74,6 +88,9 @@ class PerfModel:
     def step_slope(self, context: float) -> float:
         return (0.054e-3 + 5.2e-8 * context) * self.model.kv_bytes_per_token / 147e3 * 3.35e12 / self.hardware.hbm_bw
 
+    def prefill_seconds_per_token(self) -> float:
+        return 2 * self.model.params / (self.mfu * self.hardware.peak_flops)
+
     def max_concurrency(self, context: float) -> int:
         free = (self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
         return max(1, int(free / (self.model.kv_bytes_per_token * max(context, 1.0))))
@@ -82,14 +99,23 @@ class PerfModel:
     def train_seconds(self, tokens: float, devices: int) -> float:
         return self.train_compute_seconds(tokens) / devices + self.allreduce_seconds(devices)
 
-    def train_compute_seconds(self, tokens: float) -> float:
+    def train_compute_seconds(self, tokens: float, recompute_logprob: bool = None) -> float:  # type: ignore[assignment]
         """Device-seconds of gradient computation for ``tokens`` (split evenly over data-parallel devices)."""
-        k = 6 + (2 if self.recompute_logprob else 0) + (2 if self.with_reference else 0)
+        recompute = self.recompute_logprob if recompute_logprob is None else recompute_logprob
+        k = 6 + (2 if recompute else 0) + (2 if self.with_reference else 0)
         return k * self.model.params * tokens / (self.mfu * self.hardware.peak_flops)
 
     def allreduce_seconds(self, devices: int) -> float:
         """Ring all-reduce of bf16 gradients over ``devices``."""
         return 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.model.weight_bytes / self.hardware.link_bw
+
+    def gradient_return_seconds(self, devices: int) -> float:
+        """``devices`` lent trainers each send their bf16 gradients to the primary, one after another."""
+        return devices * self.model.weight_bytes / self.hardware.link_bw
+
+    def switch_seconds(self) -> float:
+        """One role switch with sleep/wake (see the module docstring): the same for every policy."""
+        return self.switch_fixed_s + self.model.weight_bytes / self.hardware.host_bw
 
     def sync_seconds(self, devices: int) -> float:
         return self.sync_latency_s + self.model.weight_bytes / self.hardware.link_bw if devices > 1 else 0.0

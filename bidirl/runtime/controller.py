@@ -90,6 +90,7 @@ class Controller:
         actions = self.policy.decide(event, self.cluster)
         for action in actions:
             self.EXECUTE[type(action)](self, action)
+        self.cluster.settle()  # record why idle devices are idle, as the simulator does
         waiting = self.pending["train"] or self.pending["sync"]
         idle_everywhere = all(d.idle and not d.after_work for d in self.cluster.devices)
         if not actions and not waiting and idle_everywhere and not self.cluster.finished:

@@ -17,7 +17,7 @@ from bidirl.config import PipelineConfig
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import median, pool_idle_ratio, switch_overheads
+from bidirl.sched.trace import median, pool_idle_ratio, switch_overheads, time_breakdown
 from bidirl.ui import say
 
 
@@ -94,6 +94,7 @@ class RunReport:
             "samples_per_s": round(self.consumed_samples / rl_seconds, 2),
             "tokens_per_s": round(self.consumed_tokens / rl_seconds, 2),
             "idle_ratio": pool_idle_ratio(cluster.trace, cluster.now, homes),
+            "time_breakdown": time_breakdown(cluster.trace, cluster.now, homes),
             "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
             "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
             "sync_transfer_median_s": round(median(m.transfer_s for m in self.staged), 4),

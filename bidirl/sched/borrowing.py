@@ -153,7 +153,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         est, left = self.estimates, self.remaining_s(cluster)
         n = self.trainers(cluster) + sum(1 for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.TRAIN
                                          and d.state is DeviceState.SWITCHING)  # already on their way in
-        with_help = est.switch_s + max(0.0, left - est.switch_s) * n / (n + joining) + est.grad_transfer_s
+        # joiners return their gradients to the primary one after another
+        with_help = est.switch_s + max(0.0, left - est.switch_s) * n / (n + joining) + joining * est.grad_transfer_s
         return left - with_help > est.switch_s
 
     def join_or_return(self, cluster: Cluster, actions: List[ev.Action]) -> None:

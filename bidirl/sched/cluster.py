@@ -46,6 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from bidirl.sched import events as ev
 from bidirl.sched.roles import Device, DeviceState, Role
+from bidirl.sched.trace import ADMISSION, NO_REASON, TAIL
 
 S = DeviceState
 
@@ -71,6 +72,7 @@ class Chunk:
     groups: int
     version: int
     done: bool = False
+    finished: int = 0  # groups done so far
 
 
 def check_staleness(eta: float, deadlines: bool) -> None:
@@ -112,9 +114,11 @@ class Cluster:
         self.unstarted: deque = deque()  # chunks applied but not yet handed to the driver, in order
         self.completed: List[List[int]] = []  # [chunk, groups not yet trained, version], oldest first
         self.completed_groups = 0  # groups done and not yet trained
+        self.completed_by_version: Counter = Counter()  # version -> groups done and not yet trained
         self.untrained: Counter = Counter()  # version -> admitted groups of that version not yet trained
         self.batch_parts: Dict[int, List[Tuple[int, int]]] = {}  # batch -> [(chunk, groups)]
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
+        self.inflight_by_version: Dict[int, Counter] = {d.index: Counter() for d in self.devices}
         self.training: Optional[ev.Train] = None
         self.training_devices: List[int] = []  # the step's devices, including any that joined it
         self.trace: List[dict] = []
@@ -125,6 +129,8 @@ class Cluster:
         for d in self.devices:
             self.idle_sets[d.role].add(d.index)
         self.generating: set = set()  # devices in GENERATING
+        self.idle_causes: Dict[int, str] = {}  # idle device -> why it is idle (see idle_cause)
+        self._settled = (None, None, None)
         self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
         self.trained_groups = 0
         self.now = 0.0
@@ -170,6 +176,11 @@ class Cluster:
         return (working and device.role is Role.ROLLOUT and not device.after_work
                 and self.inflight[device.index] + groups <= self.inflight_groups)
 
+    def decoding_older_tail(self, device: Device) -> bool:
+        """Is ``device`` still decoding groups started with weights older than those it now holds (the
+        tail of an earlier version, after a load interrupted it)?"""
+        return any(version < device.version for version in self.inflight_by_version[device.index])
+
     def start_chunk(self, action: ev.Generate) -> Chunk:
         """The chunk a ``Generate`` action created: drivers carry actions out in the order applied."""
         chunk = self.unstarted.popleft()
@@ -206,9 +217,9 @@ class Cluster:
         """Groups per version that B completed groups, oldest version first, would take."""
         taken: Dict[int, int] = {}
         need = self.B
-        for _, groups, version in sorted(self.completed, key=lambda entry: (entry[2], entry[0])):
-            take = min(need, groups)
-            taken[version] = taken.get(version, 0) + take
+        for version in sorted(self.completed_by_version):
+            take = min(need, self.completed_by_version[version])
+            taken[version] = take
             need -= take
             if need == 0:
                 break
@@ -235,6 +246,7 @@ class Cluster:
         self.untrained[chunk.version] += groups
         self.admitted += groups
         self.inflight[device.index] += groups
+        self.inflight_by_version[device.index][chunk.version] += groups
         if device.state is S.IDLE:
             device.transition(S.GENERATING, self.now,
                               f"chunk {chunk.index}: groups {chunk.first}-{chunk.first + groups - 1} at v{device.version}",
@@ -271,6 +283,9 @@ class Cluster:
             entry = self.completed[0]
             take = min(need, entry[1])
             parts.append((entry[0], take))
+            self.completed_by_version[entry[2]] -= take
+            if not self.completed_by_version[entry[2]]:
+                del self.completed_by_version[entry[2]]
             entry[1] -= take
             need -= take
             if entry[1] == 0:
@@ -325,10 +340,18 @@ class Cluster:
 
     def _chunk_done(self, event: ev.ChunkDone) -> None:
         chunk = self.chunks[event.chunk]
-        chunk.done = True
-        self.completed.append([chunk.index, chunk.groups, chunk.version])
-        self.completed_groups += chunk.groups
-        self.inflight[event.device] -= chunk.groups
+        groups = event.groups or chunk.groups - chunk.finished
+        assert 0 < groups <= chunk.groups - chunk.finished, f"chunk {chunk.index}: {groups} more groups done?"
+        chunk.finished += groups
+        chunk.done = chunk.finished == chunk.groups
+        self.completed.append([chunk.index, groups, chunk.version])
+        self.completed_groups += groups
+        self.completed_by_version[chunk.version] += groups
+        self.inflight[event.device] -= groups
+        by_version = self.inflight_by_version[event.device]
+        by_version[chunk.version] -= groups
+        if not by_version[chunk.version]:
+            del by_version[chunk.version]
         device = self.devices[event.device]
         if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
             self._work_finished(device, f"chunk {chunk.index} done")
@@ -401,13 +424,54 @@ class Cluster:
             entry["longest_s"] = round(max(entry["longest_s"], held), 3)
         return out
 
+    # ---- why idle devices are idle ---------------------------------------------------------------
+    def idle_cause(self, device: Device) -> str:
+        """Why an idle device is idle, in the categories both drivers report (:mod:`bidirl.sched.trace`):
+
+        * ``tail``: waiting for work elsewhere to finish -- a trainer whose next batch is not complete
+          (its tail is still generating), or a rollout device with nothing left to generate;
+        * ``admission``: a rollout device the staleness bound blocks (its weights are too old to start
+          more groups until a newer version exists);
+        * ``no_reason``: it could work and the policy gave it nothing."""
+        if device.role is Role.ROLLOUT:
+            if self.admitted >= self.steps * self.B:
+                return TAIL
+            return ADMISSION if self.admissible(device) <= 0 else NO_REASON
+        if self.training is None and self.version < self.steps and not self.batch_ready():
+            return TAIL
+        return NO_REASON
+
+    def settle(self) -> None:
+        """Drivers call this once a decision has been carried out: an idle device whose reason for idling
+        changed gets a trace record saying so. Only what can change is re-examined: trainers when the next
+        batch's readiness or the version changes, rollout devices when admission moved."""
+        ready = self.training is None and self.batch_ready()
+        trainers_changed = (self.version, ready) != self._settled[:2]
+        rollout_changed = self.admitted != self._settled[2]
+        self._settled = (self.version, ready, self.admitted)
+        if not (trainers_changed or rollout_changed):
+            return
+        recheck = list(self.idle_sets[Role.TRAIN]) if trainers_changed else []
+        if rollout_changed:
+            recheck += [i for i in self.idle_sets[Role.ROLLOUT] if self.idle_causes.get(i) != TAIL]
+        for index in sorted(recheck):
+            device = self.devices[index]
+            cause = self.idle_cause(device)
+            if cause != self.idle_causes.get(index):
+                self._log({"t": round(self.now, 6), "device": index, "from": "idle", "to": "idle",
+                           "role": device.role.value, "home": device.home.value, "version": device.version,
+                           "reason": f"idle: {cause}"})
+
     def _log(self, record: dict) -> None:
-        self.trace.append(record)
         index = record["device"]
         self.idle_sets[Role.ROLLOUT].discard(index)
         self.idle_sets[Role.TRAIN].discard(index)
         self.generating.discard(index)
         if record["to"] == "idle":
+            record["cause"] = self.idle_causes[index] = self.idle_cause(self.devices[index])
             self.idle_sets[Role(record["role"])].add(index)
-        elif record["to"] == "generating":
-            self.generating.add(index)
+        else:
+            self.idle_causes.pop(index, None)
+            if record["to"] == "generating":
+                self.generating.add(index)
+        self.trace.append(record)

@@ -37,8 +37,12 @@ class Started(Event):
 
 @dataclass(frozen=True)
 class ChunkDone(Event):
+    """Prompt groups of ``chunk`` are done: ``groups`` of them (0: all the chunk has left). The live
+    runtime reports whole chunks; the simulator reports each group as its last sequence ends."""
+
     device: int
     chunk: int
+    groups: int = 0
 
 
 @dataclass(frozen=True)

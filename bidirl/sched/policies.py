@@ -44,35 +44,38 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
 def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, home: Optional[Role] = None) -> None:
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
     (only those whose home pool is ``home``, if given) with room, least-loaded first, while the
-    staleness bound allows."""
+    staleness bound allows.
+
+    Two placement rules every policy shares:
+      * fair share: no device takes more than its share of the work that may be outstanding now, so a
+        device that becomes free a moment before the others does not swallow the batch, and when the
+        batch is smaller than one chunk per device the chunks shrink instead of idling devices;
+      * no new groups to a device still decoding an older version's tail: they would share its decode
+        batch and slow the tail the trainers are waiting for (veRL/AReaL-style schedulers can have it)."""
     newest_limit = cluster.admission_limit(cluster.version)
     if cluster.admitted >= newest_limit:
         return  # nothing may start on any device (the common case while admission blocks): O(1)
     pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
     candidates = [cluster.devices[i] for i in sorted(pool)]
     candidates = [d for d in candidates if d.role is Role.ROLLOUT and (home is None or d.home is home)
-                  and cluster.has_room(d, 1)]
+                  and cluster.has_room(d, 1) and not cluster.decoding_older_tail(d)]
     if not candidates:
         return
-    # no device takes more than its fair share of the work that may be outstanding now, so that a
-    # device that becomes free a moment before the others does not swallow the whole batch
-    # (devices serving rollout now or soon count: switching in, or at home in the rollout pool but lent out)
+    # devices serving rollout now or soon count: switching in, or at home in the rollout pool but lent out
     serving = [d for d in cluster.devices if d.role is Role.ROLLOUT or d.home is Role.ROLLOUT]
     outstanding = newest_limit - cluster.admitted + sum(cluster.inflight[d.index] for d in serving)
-    share = max(chunk or cluster.chunk_groups, -(-outstanding // len(serving)))
+    share = -(-outstanding // len(serving))
     heap = [(cluster.inflight[d.index], d.index) for d in candidates if cluster.inflight[d.index] < share]
     heapq.heapify(heap)
     while heap and cluster.admitted < newest_limit:
         _, index = heapq.heappop(heap)
         device = cluster.devices[index]
-        full_chunk = cluster.next_chunk_size(chunk)
-        groups = min(full_chunk, cluster.admissible(device))
-        fits = cluster.inflight[index] + groups <= share and cluster.has_room(device, groups)
-        if fits and cluster.can_admit(device, groups):
+        room = min(share, cluster.inflight_groups) - cluster.inflight[index]
+        groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device), room)
+        if groups > 0 and cluster.has_room(device, groups) and cluster.can_admit(device, groups):
             issue(cluster, actions, ev.Generate(index, groups))
-            heapq.heappush(heap, (cluster.inflight[index], index))
-        elif not fits and groups == full_chunk:
-            break  # least-loaded first: a full chunk fits no device after this one either
+            if cluster.inflight[index] < share:
+                heapq.heappush(heap, (cluster.inflight[index], index))
 
 
 def admission_blocked(cluster: Cluster, device) -> bool:

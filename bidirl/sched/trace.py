@@ -1,7 +1,19 @@
-"""Reading device-role traces (``trace.jsonl``): time per state, idle ratio per pool, switch overheads.
+"""Reading device-role traces (``trace.jsonl``): time per state, idle ratio per pool, idle time by
+cause, switch overheads.
 
 A trace is a list of records ``{"t", "device", "from", "to", "role", "home", "version", "reason"}``,
-one per state change, written identically by the live runtime and the simulator.
+one per state change, written identically by the live runtime and the simulator (the shared
+bookkeeping writes them). A record into ``idle`` also carries ``cause``; when an idle device's cause
+changes, an ``idle -> idle`` record says so.
+
+Where a pool's device-time goes (:func:`time_breakdown`), the same categories in both drivers:
+
+* ``busy``       generating or training (useful work);
+* ``tail``       idle, waiting for work elsewhere to finish (a batch's last sequences, the run's end);
+* ``admission``  idle, blocked by the staleness bound;
+* ``switching``  changing role; ``draining``: finishing work before a switch;
+* ``syncing``    loading new weights;
+* ``no_reason``  idle although it could work: the policy started nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +23,10 @@ from collections import defaultdict
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 Interval = Tuple[int, str, str, float, float]  # device, state, role served, start, end
+
+TAIL, ADMISSION, NO_REASON = "tail", "admission", "no_reason"
+CATEGORIES = ("busy", TAIL, ADMISSION, "switching", "draining", "syncing", NO_REASON)
+_BUSY_STATES = ("generating", "training", "evaluating")
 
 
 def intervals(trace: Sequence[dict], end: float) -> List[Interval]:
@@ -44,6 +60,26 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str]) ->
             total[home] += end
             idle[home] += end
     return {home: round(idle[home] / total[home], 4) if total[home] else 0.0 for home in total}
+
+
+def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> Dict[str, Dict[str, float]]:
+    """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1)."""
+    seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in set(homes.values())}
+    current: Dict[int, Tuple[str, float]] = {device: (NO_REASON, 0.0) for device in homes}
+    for record in trace:
+        device = record["device"]
+        category, since = current[device]
+        seconds[homes[device]][category] += record["t"] - since
+        to = record["to"]
+        category = "busy" if to in _BUSY_STATES else record.get("cause", NO_REASON) if to == "idle" else to
+        current[device] = (category, record["t"])
+    for device, (category, since) in current.items():
+        seconds[homes[device]][category] += max(0.0, end - since)
+    out = {}
+    for home, parts in seconds.items():
+        total = sum(parts.values()) or 1.0
+        out[home] = {category: round(value / total, 4) for category, value in parts.items()}
+    return out
 
 
 def switch_overheads(trace: Sequence[dict]) -> List[Dict[str, float]]:

@@ -1,13 +1,19 @@
 """The calibrated cost model the simulator uses: workload lengths + analytic performance model.
 
 Rollout runs on one continuous-batching :class:`~bidirl.sim.instance.Instance` per device. Training,
-background weight transfer, load and switch are timed from :class:`~bidirl.perf.analytic.PerfModel`. It also
-keeps the device-seconds of useful work, from which the ideal step time tau* = (R + T) / G follows.
+background weight transfer, gradient return, load and switch are timed from
+:class:`~bidirl.perf.analytic.PerfModel`. A batch's training is charged for exactly the groups it
+took (their own tokens), whatever chunks they were generated in.
+
+:func:`step_bound` is the policy-independent lower bound on the step time every policy is measured
+against (see its docstring).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import math
+from collections import deque
+from typing import Deque, Dict, List, Tuple
 
 from bidirl.sched.cluster import Chunk
 from bidirl.sched.estimates import Estimates
@@ -23,6 +29,8 @@ class CalibratedCosts:
         self.draws = GroupDraws(seed, group_size)
         self.switch_s, self.load_s = switch_s, load_s
         self.chunk_tokens: Dict[int, int] = {}
+        self.group_tokens: Dict[Tuple[int, int], int] = {}  # (chunk, group index) -> prompt + response tokens
+        self.finished: Dict[int, Deque[int]] = {}  # chunk -> tokens of its groups done, in completion order
         self.train_device_s = 0.0
         self.switches = 0
 
@@ -31,22 +39,33 @@ class CalibratedCosts:
 
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
-        for group in range(chunk.first, chunk.first + chunk.groups):
+        for i, group in enumerate(range(chunk.first, chunk.first + chunk.groups)):
             # fixed draws per prompt group (common random numbers): policies are compared on one
             # workload, not on different draws of it
-            lengths += self.workload.group_lengths(self.draws, group, chunk.version, self.steps)
+            mine = self.workload.group_lengths(self.draws, group, chunk.version, self.steps)
+            self.group_tokens[(chunk.index, i)] = sum(mine) + self.workload.prompt_tokens * len(mine)
+            lengths += mine
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
+        self.finished[chunk.index] = deque()
         return lengths
 
+    def group_done(self, chunk: int, group: int) -> None:
+        self.finished[chunk].append(self.group_tokens.pop((chunk, group)))
+
     def train_work(self, batch: List[Tuple[Chunk, int]]) -> float:
-        """Device-seconds of gradient work for a batch (useful work: communication excluded)."""
-        tokens = sum(self.chunk_tokens[c.index] * groups / c.groups for c, groups in batch)
+        """Device-seconds of gradient work for a batch (useful work: communication excluded). The cluster
+        takes a chunk's completed groups in the order they completed, so they are popped in that order."""
+        tokens = sum(self.finished[c.index].popleft() for c, groups in batch for _ in range(groups))
         work = self.perf.train_compute_seconds(tokens)
         self.train_device_s += work
         return work
 
     def allreduce(self, devices: int) -> float:
         return self.perf.allreduce_seconds(devices)
+
+    def gradient_return(self, lent: int) -> float:
+        """Lent devices (Trainer-on-RollPool) send their gradients to the primary, serialised there."""
+        return self.perf.gradient_return_seconds(lent)
 
     def sync(self, devices: Tuple[int, ...]) -> float:
         return self.perf.sync_seconds(len(devices) + 1)
@@ -66,9 +85,43 @@ def make_instance(perf: PerfModel, workload: Workload) -> Instance:
     """One device's rollout engine: decode step, KV capacity and prefill at the workload's mean context."""
     context = workload.prompt_tokens + workload.mean_tokens / 2  # mean context while decoding
     efficiency = perf.rollout_efficiency
-    prefill = 2 * perf.model.params * workload.prompt_tokens / (perf.mfu * perf.hardware.peak_flops)
+    per_token = perf.prefill_seconds_per_token() * efficiency
     return Instance(perf.step_intercept * efficiency, perf.step_slope(context) * efficiency,
-                    perf.max_concurrency(context), prefill * efficiency)
+                    perf.max_concurrency(context), per_token * workload.prompt_tokens, per_token)
+
+
+def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, steps: int,
+               devices: int, seed: int, eta: float) -> float:
+    """A lower bound on the mean step time that no policy can beat, and that no policy can move.
+
+    Per step k (groups kB .. kB+B-1, drawn as every policy draws them), the larger of
+      * work / devices: every sequence decoded at the *saturated* per-token cost of a full instance
+        (decode step at KV capacity / capacity) plus its prefill, plus the cheapest training of all
+        tokens (no log-prob recompute), spread over every device with no idle time and free switches;
+      * on-policy only (eta = 0): the longest sequence decoded alone (a batch-1 decode step per token)
+        plus the shortest possible training of its group (its tokens on every device at once) --
+        step k+1 cannot start generating before step k's weights exist.
+    Unlike tau* = (R + T) / G from each policy's own busy time, a policy that spreads generation
+    thinly does not get a kinder bound. (Lengths drift with the version a group is generated at; the
+    work term draws them at the earliest version any policy within the staleness bound could use.)"""
+    instance, draws = make_instance(perf, workload), GroupDraws(seed, group_size)
+    saturated = instance.step_time(instance.capacity) / instance.capacity  # seconds per token at full batch
+    prompt, on_policy, lag = workload.prompt_tokens, eta == 0, math.ceil(eta) + 1
+    total = 0.0
+    for k in range(steps):
+        gen = train_tokens = 0.0
+        tail = 0.0
+        for group in range(k * batch_groups, (k + 1) * batch_groups):
+            lengths = workload.group_lengths(draws, group, k if on_policy else max(0, k - lag), steps)
+            tokens = sum(lengths) + prompt * len(lengths)
+            gen += sum(lengths) * saturated + len(lengths) * instance.prefill
+            train_tokens += tokens
+            if on_policy:
+                alone = max(lengths) * instance.step_time(1) + instance.prefill
+                tail = max(tail, alone + perf.train_compute_seconds(tokens, recompute_logprob=False) / devices)
+        work = (gen + perf.train_compute_seconds(train_tokens, recompute_logprob=False)) / devices
+        total += max(work, tail)
+    return total / steps
 
 
 def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, devices: int,
@@ -82,7 +135,7 @@ def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups
     mean_tokens = costs.chunk_tokens[0] / (share * group_size)
     train = perf.train_seconds(batch_groups * group_size * mean_tokens, 1)
     chunk_s = sum(_run_alone(costs, share + i * chunk_groups, chunk_groups) for i in range(5)) / 5
-    return Estimates(shared / share, train, switch_s, perf.model.weight_bytes / perf.hardware.link_bw, chunk_s)
+    return Estimates(shared / share, train, switch_s, perf.gradient_return_seconds(1), chunk_s)
 
 
 def _run_alone(costs: CalibratedCosts, first: int, groups: int) -> float:

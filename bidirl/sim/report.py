@@ -9,6 +9,7 @@ from typing import Dict, List, Sequence
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
 from bidirl.sched.policy import policy_names
+from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
 from bidirl.ui import console, say
 
@@ -41,18 +42,27 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
     sim = cfg.sim
     table = Table(title=f"{cfg.cluster.devices} x {sim.hardware}, {sim.model}, {sim.workload}, "
                         f"{cfg.train.steps} steps of {cfg.train.prompts_per_step}x{cfg.rollout.group_size}")
-    for column in ("policy", "split r/t", "eta", "samples/s", f"x {results[0].policy}", "step s", "tau*/tau",
-                   "idle rollout", "idle train", "switches", "leases r->t / t->r"):
+    for column in ("policy", "split r/t", "eta", "samples/s", f"x {results[0].policy}", "step s", "bound s",
+                   "efficiency", "rollout pool %", "train pool %", "switches", "leases r->t / t->r"):
         table.add_column(column, justify="right")
     base = results[0].samples_per_s
     for r in results:
         table.add_row(r.policy, f"{r.rollout_devices}/{r.devices - r.rollout_devices}", f"{r.eta:g}",
                       f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
-                      f"{r.efficiency:.2f}", f"{r.idle_ratio.get('rollout', 0.0):.1%}",
-                      f"{r.idle_ratio.get('train', 0.0):.1%}", str(r.switches),
+                      f"{r.bound_step_s:.2f}", f"{r.efficiency:.2f}", breakdown_cell(r.time_breakdown.get("rollout")),
+                      breakdown_cell(r.time_breakdown.get("train")), str(r.switches),
                       f"{r.leases.get('rollout->train', {}).get('leases', 0)} / "
                       f"{r.leases.get('train->rollout', {}).get('leases', 0)}")
+    out.print(f"pool %: busy / tail / admission / switching / draining / syncing / no reason "
+              f"(device-time; bound = policy-independent lower bound on the step)")
     out.print(table)
+
+
+def breakdown_cell(parts) -> str:
+    """busy/tail/admission/switching/draining/syncing/no-reason percentages of one pool's device-time."""
+    if not parts:
+        return "-"
+    return "/".join(f"{100 * parts[c]:.0f}" for c in CATEGORIES)
 
 
 def write_outputs(results: List[SimResult], out: Path) -> Dict[str, str]:

@@ -12,8 +12,8 @@ from bidirl.perf.analytic import HARDWARE, MODELS, PerfModel
 from bidirl.perf.workload import preset
 from bidirl.sched.assembly import DriverCapabilities, assemble
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import pool_idle_ratio
-from bidirl.sim.costs import CalibratedCosts, estimates, make_instance
+from bidirl.sched.trace import pool_idle_ratio, time_breakdown
+from bidirl.sim.costs import CalibratedCosts, estimates, make_instance, step_bound
 from bidirl.sim.simulator import Simulator
 
 
@@ -27,8 +27,9 @@ class SimResult:
     samples_per_s: float
     tokens_per_s: float
     step_s: float
-    ideal_step_s: float
+    bound_step_s: float  # the policy-independent lower bound on the mean step time (costs.step_bound)
     idle_ratio: Dict[str, float]
+    time_breakdown: Dict[str, Dict[str, float]]  # per pool: busy and idle by cause (sched.trace.CATEGORIES)
     staleness: Dict[int, int]
     switches: int
     leases: Dict[str, Dict[str, float]]
@@ -37,14 +38,15 @@ class SimResult:
 
     @property
     def efficiency(self) -> float:
-        """tau* / tau: 1.0 means no device ever idled and switching was free."""
-        return self.ideal_step_s / self.step_s if self.step_s else 0.0
+        """Lower bound / step time: 1.0 would be every device busy with useful work at full speed."""
+        return self.bound_step_s / self.step_s if self.step_s else 0.0
 
     def row(self) -> Dict[str, Any]:
         return {"policy": self.policy, "eta": self.eta, "split": f"{self.rollout_devices}/{self.devices - self.rollout_devices}",
                 "samples_per_s": round(self.samples_per_s, 3), "tokens_per_s": round(self.tokens_per_s, 1),
-                "step_s": round(self.step_s, 3), "ideal_step_s": round(self.ideal_step_s, 3),
+                "step_s": round(self.step_s, 3), "bound_step_s": round(self.bound_step_s, 3),
                 "efficiency": round(self.efficiency, 3), "idle_ratio": self.idle_ratio,
+                "time_breakdown": self.time_breakdown,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches, "leases": self.leases,
                 "sim_seconds": round(self.sim_seconds, 3)}
 
@@ -56,7 +58,7 @@ def perf_model(cfg: PipelineConfig) -> PerfModel:
 
 
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
-             rollout_devices: Optional[int] = None, keep_trace: bool = False) -> SimResult:
+             rollout_devices: Optional[int] = None, keep_trace: bool = False, with_bound: bool = True) -> SimResult:
     start = time.perf_counter()
     perf, workload = perf_model(cfg), preset(cfg.sim.workload)
     shape = cfg.run_shape()
@@ -65,28 +67,41 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     if rollout_devices is not None:
         shape = dataclasses.replace(shape, rollout_devices=rollout_devices)
     B, G, devices, steps = shape.batch_groups, cfg.rollout.group_size, shape.devices, shape.steps
-    est = estimates(perf, workload, G, B, devices, cfg.sim.switch_s, shape.chunk_groups)
+    switch_s = cfg.sim.switch_s or perf.switch_seconds()  # one figure for every policy whose devices switch
+    est = estimates(perf, workload, G, B, devices, switch_s, shape.chunk_groups)
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
     capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
     simulator_can = DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
                                        inflight_groups=capacity_groups)
     run = assemble(policy_name, shape, simulator_can, est)
     policy, cluster = run.policy, run.cluster
-    colocated = policy.synchronous  # veRL's two switches per step add up to its reshard time
-    costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed,
-                            switch_s=cfg.sim.reshard_s / 2 if colocated else cfg.sim.switch_s, load_s=cfg.sim.load_s)
+    costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s, load_s=cfg.sim.load_s)
     simulator = Simulator(cluster, policy, costs)
     simulator.run()
     makespan = cluster.now
     samples = cluster.trained_groups * G
-    rollout_device_s = sum(i.busy_s for i in simulator.instances.values())
-    ideal = (rollout_device_s + costs.train_device_s) / devices / steps
+    bound = bound_step(cfg, perf, shape.staleness) if with_bound else 0.0
     homes_map = {d.index: d.home.value for d in cluster.devices}
     return SimResult(policy_name, cluster.eta, run.rollout_devices, devices, makespan,
-                     samples / makespan, costs.tokens() / makespan, makespan / steps, ideal,
-                     pool_idle_ratio(cluster.trace, makespan, homes_map), dict(cluster.staleness),
+                     samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
+                     pool_idle_ratio(cluster.trace, makespan, homes_map),
+                     time_breakdown(cluster.trace, makespan, homes_map), dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
                      cluster if keep_trace else None)
+
+
+_BOUNDS: Dict[tuple, float] = {}
+
+
+def bound_step(cfg: PipelineConfig, perf: PerfModel, eta: float) -> float:
+    """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
+    comparison shares it)."""
+    key = (repr(perf), cfg.sim.workload, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps,
+           cfg.cluster.devices, cfg.seed, eta)
+    if key not in _BOUNDS:
+        _BOUNDS[key] = step_bound(perf, preset(cfg.sim.workload), cfg.rollout.group_size, cfg.train.prompts_per_step,
+                                  cfg.train.steps, cfg.cluster.devices, cfg.seed, eta)
+    return _BOUNDS[key]
 
 
 def best_static_split(cfg: PipelineConfig, eta: float) -> SimResult:

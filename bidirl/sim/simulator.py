@@ -11,12 +11,15 @@
             loads and switches begin when a device enters SYNCING / SWITCHING
         re-schedule the next finish of every instance that changed
 
-A train step is timed as gradient work (device-seconds) shared by its devices plus an all-reduce; a
-device that joins it (``Join``) takes a share of the work left, and the step's finish is re-timed.
+A train step is timed as gradient work (device-seconds) shared by its devices, plus an all-reduce
+among the home trainers, plus the gradients of every lent device (Trainer-on-RollPool) returned to
+the primary one after another; a device that joins it (``Join``) takes a share of the work left and
+adds its gradient return, and the step's finish is re-timed.
 
 Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
 with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
-share the decode batch and a weight load pauses decoding instead of waiting for a chunk to end.
+share the decode batch, a weight load pauses decoding instead of waiting for a chunk to end, and each
+prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends.
 Deterministic: ties break by sequence number, and cost models draw from their own seeded RNG.
 """
 
@@ -38,6 +41,8 @@ class CostModel(Protocol):
 
     def allreduce(self, devices: int) -> float: ...
 
+    def gradient_return(self, lent: int) -> float: ...
+
     def sync(self, devices: Tuple[int, ...]) -> float: ...
 
     def load(self, device: int) -> float: ...
@@ -53,6 +58,7 @@ class FixedCosts:
     train_step: float = 4.0
     sync_s: float = 0.1
     switch_s: float = 0.01
+    gradient_return_s: float = 0.0  # per lent device, serialised at the primary
 
     def generate(self, chunk: Chunk) -> float:
         return self.generate_per_group * chunk.groups
@@ -62,6 +68,9 @@ class FixedCosts:
 
     def allreduce(self, devices: int) -> float:
         return 0.0
+
+    def gradient_return(self, lent: int) -> float:
+        return lent * self.gradient_return_s
 
     def sync(self, devices: Tuple[int, ...]) -> float:
         return self.sync_s
@@ -116,8 +125,8 @@ class Simulator:
                 instance = self.instances[event.device]
                 if event.epoch != instance.epoch:
                     continue
-                for chunk in instance.finish_due(now):
-                    self.handle(ev.ChunkDone(event.device, chunk), now)
+                for chunk, groups in self.completed_groups(instance.finish_due(now)):
+                    self.handle(ev.ChunkDone(event.device, chunk, groups), now)
                 self.dirty.add(event.device)
             elif isinstance(event, StepTick):
                 if self.step is not None and event.epoch == self.step.epoch:
@@ -131,6 +140,14 @@ class Simulator:
                                f"{self.cluster.version}/{self.cluster.steps}: the policy started nothing")
         return self.cluster
 
+    def completed_groups(self, done: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+        """(chunk, groups) for the groups an instance finished, each chunk once, in completion order."""
+        counts: Dict[int, int] = {}
+        for chunk, group in done:
+            self.costs.group_done(chunk, group)
+            counts[chunk] = counts.get(chunk, 0) + 1
+        return list(counts.items())
+
     def handle(self, event: Any, now: float) -> None:
         if isinstance(event, ev.SwitchDone):
             self.scheduled.discard((event.device, DeviceState.SWITCHING))
@@ -140,6 +157,7 @@ class Simulator:
         for action in self.policy.decide(event, self.cluster):
             self.start(action, now)
         self.start_transitions(now)
+        self.cluster.settle()
 
     def start(self, action: ev.Action, now: float) -> None:
         self.START[type(action)](self, action, now)
@@ -149,18 +167,23 @@ class Simulator:
         if self.instances is None:
             self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
         else:
-            self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk))
+            self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk), self.costs.G)
             self.dirty.add(action.device)
 
     def _train(self, action: ev.Train, now: float) -> None:  # apply() composed the batch already
         cluster = self.cluster
         self.step = StepProgress(self.costs.train_work(cluster.batch_chunks(cluster.version)),
                                  len(action.devices), now, next(self.step_epochs))
-        self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
+        self.push(self.step.finish(self.step_communication(action.devices)), StepTick(self.step.epoch))
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
         self.step.join(now, next(self.step_epochs))
-        self.push(self.step.finish(self.costs.allreduce(self.step.devices)), StepTick(self.step.epoch))
+        self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
+
+    def step_communication(self, devices) -> float:
+        """All-reduce among the home trainers, then each lent device's gradients to the primary."""
+        lent = sum(1 for d in devices if self.cluster.devices[d].lent)
+        return self.costs.allreduce(len(devices) - lent) + self.costs.gradient_return(lent)
 
     def _sync(self, action: ev.Sync, now: float) -> None:  # a background transfer: nobody waits for it
         self.push(now + self.costs.sync(action.devices), ev.SyncDone(self.cluster.syncing))

@@ -1,88 +1,153 @@
-"""The scheduler issue's results table: 32 simulated H100s, a 7B model, three workloads, eta in {0,1,2,4}.
+"""The results table: 32 simulated H100s, a 7B model, three workloads, eta in {0, 1, 2, 4}, every
+baseline at its best split and in its published configuration.
 
-    .venv/bin/python experiments/sim_validation/sweep.py [steps] [processes] [seeds]
+    .venv/bin/python experiments/sim_validation/sweep.py [steps] [processes] [--switch]
 
-For each (workload, eta): throughput of every baseline at its own split, the best *tuned* static split
-(areal over every split, searched on seed 0), the bidirl ablation started from that tuned split (no
-borrowing / one direction / both: the partition is an input to the scheduler, chosen by the planner),
-and bidirl from its own estimate-balanced split. Every cell is the mean over ``seeds`` workload draws
-(a single draw moves a policy's throughput by a few percent: long tails land differently). Nothing
-here is tuned toward a ratio: the simulator is calibrated on case A and checked on case B (validate.py).
+For each (workload, eta) row:
+  1. every policy that has a split (areal, roll, streamrl, verl-dynamic, verl-async, bidirl) gets its
+     best one: the mean samples/s over 3 seeds (chunk 8) on a coarse grid of splits (every 3rd), then
+     every split within 2 of the best grid point (``best_split``; ``--check-search`` compares it with
+     all 31 splits on one row);
+  2. at that split, each policy runs over 3 seeds x chunk sizes {4, 8, 16}; a cell is the mean;
+  3. bidirl's ratio to the best baseline (highest mean) is given as mean [min-max] over the 9
+     (seed, chunk) pairs, each pair's ratio taken on the same workload draw.
+Colocated ``verl`` has no split. ``verl-async`` runs as published (veRL's fully-async recipe: no
+log-prob recompute, 4 streamed updates per sync, count-only staleness = the row's eta).
+Efficiency is against the policy-independent bound (``bidirl.sim.costs.step_bound``); the detail
+table gives every policy's device-time by cause per pool. Nothing here is tuned toward a ratio.
+
+``--switch`` instead sweeps the one switch cost every switching policy pays (0.5, 1, 2 s) on
+gsm8k and math at eta 0 and 1, at the splits found with the modelled cost.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass
 from multiprocessing import Pool
+from typing import Dict, List, Tuple
 
 from bidirl.config import load_config
-from bidirl.sim.run import best_static_split, simulate
+from bidirl.sched.trace import CATEGORIES
+from bidirl.sim.run import SimResult, simulate
 
 WORKLOADS = {"gsm8k": ["train.prompts_per_step=512", "rollout.group_size=8"],
              "math": ["train.prompts_per_step=256", "rollout.group_size=8"],
              "reasoning": ["train.prompts_per_step=128", "rollout.group_size=8"]}
 BASELINES = ["verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async"]
-ABLATION = ["bidirl-none", "bidirl-rot", "bidirl-tor", "bidirl"]
+POLICIES = BASELINES + ["bidirl"]
+SPLIT_FREE = {"verl"}
+PUBLISHED = {"verl-async": ["sim.recompute_logprob=false", "algorithm.updates_per_sync=4"]}
+SEEDS, CHUNKS, SEARCH_CHUNK = (0, 1, 2), (4, 8, 16), 8
+DEVICES = 32
 
 
-@dataclass
-class Mean:
-    """A policy's results averaged over seeds (same fields the table needs)."""
-
-    policy: str
-    samples_per_s: float
-    efficiency: float
-    rollout_devices: int
-    devices: int
+def config(workload: str, eta: float, steps: int, seed: int, chunk: int, policy: str, extra=()):
+    return load_config("pipelines/sim-32gpu.yaml", [
+        f"sim.workload={workload}", f"train.steps={steps}", f"algorithm.staleness={eta}", f"launch.chunk_groups={chunk}",
+        f"seed={seed}", f"cluster.devices={DEVICES}", *WORKLOADS[workload], *PUBLISHED.get(policy, []), *extra])
 
 
-def mean_over_seeds(configs, policy: str, rollout_devices=None) -> Mean:
-    results = [simulate(cfg, policy, rollout_devices=rollout_devices) for cfg in configs]
-    return Mean(policy, statistics.mean(r.samples_per_s for r in results),
-                statistics.mean(r.efficiency for r in results), results[0].rollout_devices, results[0].devices)
+def mean_throughput(workload, eta, steps, policy, split, extra=()) -> float:
+    return statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, policy, extra), policy,
+                                    rollout_devices=split, with_bound=False).samples_per_s for seed in SEEDS)
 
 
-def row(args) -> str:
-    workload, eta, steps, seeds = args
-    configs = [load_config("pipelines/sim-32gpu.yaml", [f"sim.workload={workload}", f"train.steps={steps}",
-                                                        f"algorithm.staleness={eta}", "launch.chunk_groups=8",
-                                                        f"seed={seed}", *WORKLOADS[workload]]) for seed in range(seeds)]
-    baselines = {p: mean_over_seeds(configs, p) for p in BASELINES}
-    split = best_static_split(configs[0], eta).rollout_devices
-    tuned = mean_over_seeds(configs, "areal", split)
-    ablation = {p: mean_over_seeds(configs, p, split) for p in ABLATION}
-    own = mean_over_seeds(configs, "bidirl")
-    cell = lambda r: f"{r.samples_per_s:.2f} ({r.efficiency:.2f})"  # noqa: E731
-    best = max([*baselines.values(), tuned], key=lambda r: r.samples_per_s)
-    best_name = "tuned split" if best is tuned else best.policy
-    bidirl = ablation["bidirl"].samples_per_s
-    cells = [cell(baselines[p]) for p in BASELINES]
-    cells.append(f"{cell(tuned)} {tuned.rollout_devices}/{tuned.devices - tuned.rollout_devices}")
-    cells += [cell(ablation[p]) for p in ABLATION]
-    cells.append(f"{cell(own)} {own.rollout_devices}/{own.devices - own.rollout_devices}")
-    line = (f"| {workload} | {eta} | " + " | ".join(cells) +
-            f" | {bidirl / best.samples_per_s:.2f} ({best_name}) | {bidirl / tuned.samples_per_s:.2f} |")
-    ratios = [bidirl / r.samples_per_s for r in [*baselines.values(), tuned]]
-    return line, f"| {workload} | {eta} | " + " | ".join(f"{x:.2f}" for x in ratios) + " |"
+def best_split(workload, eta, steps, policy, extra=(), exhaustive=False) -> int:
+    """Coarse grid (every 3rd split), then every split within 2 of the best grid point; seed mean."""
+    scores: Dict[int, float] = {}
+
+    def score(split):
+        if split not in scores:
+            scores[split] = mean_throughput(workload, eta, steps, policy, split, extra)
+        return scores[split]
+
+    grid = range(1, DEVICES) if exhaustive else range(1, DEVICES, 3)
+    best = max(grid, key=score)
+    if not exhaustive:
+        best = max(range(max(1, best - 2), min(DEVICES - 1, best + 2) + 1), key=score)
+    return best
+
+
+def runs(workload, eta, steps, policy, split, extra=()) -> Dict[Tuple[int, int], SimResult]:
+    return {(seed, chunk): simulate(config(workload, eta, steps, seed, chunk, policy, extra), policy, rollout_devices=split)
+            for seed in SEEDS for chunk in CHUNKS}
+
+
+def breakdown(parts) -> str:
+    return "/".join(f"{100 * parts[c]:.0f}" for c in CATEGORIES) if parts else "-"
+
+
+def row(args) -> Tuple[str, List[str]]:
+    workload, eta, steps = args
+    splits = {p: None if p in SPLIT_FREE else best_split(workload, eta, steps, p) for p in POLICIES}
+    results = {p: runs(workload, eta, steps, p, splits[p]) for p in POLICIES}
+    mean = {p: statistics.mean(r.samples_per_s for r in results[p].values()) for p in POLICIES}
+    best = max(BASELINES, key=lambda p: mean[p])
+    ratios = [results["bidirl"][key].samples_per_s / results[best][key].samples_per_s for key in results["bidirl"]]
+    cells = []
+    for p in POLICIES:
+        any_run = next(iter(results[p].values()))
+        efficiency = statistics.mean(r.efficiency for r in results[p].values())
+        split = f" {any_run.rollout_devices}/{DEVICES - any_run.rollout_devices}" if p not in SPLIT_FREE else ""
+        cells.append(f"{mean[p]:.2f} ({efficiency:.2f}){split}")
+    line = (f"| {workload} | {eta} | " + " | ".join(cells) + f" | {best} | "
+            f"{statistics.mean(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] |")
+    detail = []
+    for p in POLICIES:
+        one = results[p][(0, SEARCH_CHUNK)]  # seed 0, chunk 8: the breakdown of one representative run
+        detail.append(f"| {workload} | {eta} | {p} | {one.rollout_devices}/{DEVICES - one.rollout_devices} | "
+                      f"{one.samples_per_s:.2f} | {one.step_s:.2f} | {one.bound_step_s:.2f} | {one.efficiency:.2f} | "
+                      f"{breakdown(one.time_breakdown.get('rollout'))} | {breakdown(one.time_breakdown.get('train'))} |")
+    return line, detail
+
+
+def switch_row(args) -> str:
+    workload, eta, steps, splits = args
+    cells = []
+    for switch_s in (0.5, 1.0, 2.0):
+        extra = [f"sim.switch_s={switch_s}"]
+        mean = {p: statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, p, extra), p,
+                                            rollout_devices=splits.get(p), with_bound=False).samples_per_s
+                                   for seed in SEEDS) for p in POLICIES}
+        best = max(BASELINES, key=lambda p: mean[p])
+        cells.append(f"{mean['bidirl'] / mean[best]:.2f} ({best})")
+    return f"| {workload} | {eta} | " + " | ".join(cells) + " |"
+
+
+def main(argv: List[str]) -> None:
+    numbers = [a for a in argv if not a.startswith("--")]
+    steps = int(numbers[0]) if numbers else 60
+    processes = int(numbers[1]) if len(numbers) > 1 else 2
+    if "--check-search" in argv:
+        for policy in ("areal", "bidirl"):
+            print(policy, "search:", best_split("gsm8k", 1, steps, policy),
+                  "exhaustive:", best_split("gsm8k", 1, steps, policy, exhaustive=True), flush=True)
+        return
+    if "--switch" in argv:
+        jobs = [(w, eta, steps, {p: best_split(w, eta, steps, p) for p in POLICIES if p not in SPLIT_FREE})
+                for w in ("gsm8k", "math") for eta in (0, 1)]
+        print("| workload | eta | switch 0.5 s | switch 1 s | switch 2 s |  (bidirl / best baseline)")
+        print("|---|---|---|---|---|")
+        with Pool(processes) as pool:
+            for line in pool.imap(switch_row, jobs):
+                print(line, flush=True)
+        return
+    header = ["workload", "eta", *(f"{p}" for p in POLICIES), "best baseline", "bidirl / best: mean [min-max]"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header), flush=True)
+    jobs = [(workload, eta, steps) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
+    details: List[str] = []
+    with Pool(processes) as pool:
+        for line, detail in pool.imap(row, jobs):
+            print(line, flush=True)
+            details += detail
+    print("\nDevice-time by cause (seed 0, chunk 8), per pool: busy / tail / admission / switching / draining / "
+          "syncing / no reason, %\n")
+    print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | rollout pool | train pool |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(details))
 
 
 if __name__ == "__main__":
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
-    processes = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    seeds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    header = ["workload", "eta", *BASELINES, "areal tuned split", *(f"{p} @ tuned" for p in ABLATION),
-              "bidirl @ own split", "bidirl @ tuned / best baseline", "bidirl @ tuned / tuned split"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header), flush=True)
-    jobs = [(workload, eta, steps, seeds) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
-    ratio_lines = []
-    with Pool(processes) as pool:
-        for line, ratios in pool.imap(row, jobs):
-            print(line, flush=True)
-            ratio_lines.append(ratios)
-    print("\nbidirl @ tuned split / each baseline:\n")
-    print("| workload | eta | " + " | ".join(f"x {p}" for p in [*BASELINES, "tuned split"]) + " |")
-    print("|" + "---|" * (len(BASELINES) + 3))
-    print("\n".join(ratio_lines))
+    main(sys.argv[1:])
