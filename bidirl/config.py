@@ -156,6 +156,9 @@ class SimConfig:
     with_reference: bool = False  # a KL reference model adds a 2N forward per token
     recompute_logprob: bool = True  # old/proximal log-probs recomputed by the trainer (+2N per token)
     gantt: bool = True
+    # a profile.json from `bidirl profile`: simulate with the model fitted to it (your own devices)
+    # instead of the analytic model of `hardware`/`model`; its workload replaces `workload` if it has one
+    profile: str = ""
 
 
 @dataclass

@@ -7,7 +7,9 @@ pipeline naming a stage that is not built yet fails at once with one line instea
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict
 
 from bidirl.config import PipelineConfig
@@ -21,8 +23,6 @@ State = Dict[str, Any]
 # Stages later issues build; a pipeline naming one fails before doing any work.
 NOT_BUILT = {
     "launch": "the multi-process runtime as a stage; run `bidirl launch PIPELINE` instead",
-    "profile": "profiling the performance model",
-    "plan": "the scheduling-aware planner",
     "compare": "baseline comparison",
 }
 
@@ -88,13 +88,48 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_simulate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.planner import planned_splits
     from bidirl.sim.report import simulate_policies
 
-    results = simulate_policies(cfg, list(cfg.sim.policies), run.path)
+    policies = list(cfg.sim.policies)
+    results = simulate_policies(cfg, policies, run.path, planned_splits(cfg, policies))
     state["summary"]["simulate"] = [r.row() for r in results]
 
 
+def stage_profile(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    """Measure the devices; later stages (plan, simulate) use the fitted model (sim.profile)."""
+    from bidirl.profiling import profile_devices, progress_steps, summary_line
+    from bidirl.ui import progress_bar
+
+    with progress_bar("profile", progress_steps(cfg), cfg.logging.progress) as advance:
+        profile = profile_devices(cfg, run.path, advance)
+    state["cfg"] = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(run.path / "profile.json")))
+    state["summary"]["profile"] = {"file": str(run.path / "profile.json"), "decode_error": round(profile.decode.error, 4),
+                                   "train_error": round(profile.train.error, 4)}
+    say(f"profile: {summary_line(profile)}")
+    say(f"wrote {run.path / 'profile.json'} and profile.png")
+
+
+def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    """Choose the partition for launch.mode; later stages run with it (cluster.rollout_devices)."""
+    from bidirl.planner import plan, print_plan, write_plan
+
+    try:
+        result = plan(cfg)
+    except (ValueError, RuntimeError) as exc:
+        raise BidirlError(f"plan: {exc}") from None
+    path = write_plan(result, run.path)
+    print_plan(result)
+    if result.rollout_devices:
+        state["cfg"] = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
+                                                                            rollout_devices=result.rollout_devices))
+    state["summary"]["plan"] = {"file": str(path), "rollout_devices": result.rollout_devices,
+                                "predicted_samples_per_s": result.predicted_samples_per_s, "reason": result.reason}
+
+
 STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
+    "profile": stage_profile,
+    "plan": stage_plan,
     "simulate": stage_simulate,
     "prepare_model": stage_prepare_model,
     "evaluate": stage_evaluate,
@@ -108,15 +143,22 @@ def check_stages_built(cfg: PipelineConfig) -> None:
             raise NotBuiltYet(f"stage '{stage}' ({NOT_BUILT[stage]}) is not built yet")
 
 
+def run_stages(cfg: PipelineConfig, stages) -> RunDir:
+    """The named stages of ``cfg`` into a new run directory (``bidirl profile`` / ``plan``)."""
+    return run_pipeline(dataclasses.replace(cfg, stages=list(stages)))
+
+
 def run_pipeline(cfg: PipelineConfig) -> RunDir:
     check_stages_built(cfg)
     prepare_process(cfg.cluster.device_type)
+    if cfg.sim.profile and not Path(cfg.sim.profile).is_file():
+        raise BidirlError(f"sim.profile={cfg.sim.profile}: no such file (run `bidirl profile` first)")
     run = RunDir(cfg)
     say(f"run directory: {run.path}")
-    state: State = {"summary": {"stages": list(cfg.stages)}}
+    state: State = {"summary": {"stages": list(cfg.stages)}, "cfg": cfg}
     try:
         for stage in cfg.stages:
-            STAGES[stage](cfg, run, state)
+            STAGES[stage](state["cfg"], run, state)
     except BaseException:
         run.finish({**state["summary"], "status": "failed"})
         raise

@@ -18,6 +18,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     seed: Optional[int] = None
+    ignore_eos: bool = False  # always generate max_new_tokens (profiling decode steps at a known length)
 
 
 @dataclass

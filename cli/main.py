@@ -100,7 +100,11 @@ def launch(
     from bidirl.runtime.launch import Topology, launch as start
 
     def action() -> None:
-        code = start(str(pipeline), overrides or [], _config(pipeline, overrides),
+        from bidirl.planner import live_partition
+
+        chosen = list(overrides or [])
+        chosen += live_partition(_config(pipeline, chosen))  # cluster.rollout_devices=0: the planner's split
+        code = start(str(pipeline), chosen, _config(pipeline, chosen),
                      Topology(nnodes, node_rank, nproc_per_node, rdzv_endpoint))
         if code:
             raise typer.Exit(code)
@@ -119,15 +123,62 @@ def simulate(
 
     def action() -> None:
         from bidirl.rundir import RunDir
-        from bidirl.sim.report import print_table, run_policies, write_outputs
+        from bidirl.sim.report import check_policies, print_table, run_policies, write_outputs
+
+        from bidirl.planner import planned_splits
 
         cfg = _config(pipeline, overrides)
         names = [p.strip() for p in policies.split(",")] if policies else list(cfg.sim.policies)
-        results = run_policies(cfg, names)  # before any output exists: bad input leaves nothing behind
+        check_policies(names)
+        splits = planned_splits(cfg, names)  # cluster.rollout_devices=0: each policy at the planner's split
+        results = run_policies(cfg, names, splits)  # before any output exists: bad input leaves nothing behind
         print_table(cfg, results)
         run = RunDir(cfg)
         write_outputs(results, run.path)
         run.finish({"status": "ok", "results": [r.row() for r in results]})
+
+    _guard(action, debug)
+
+
+@app.command()
+def profile(
+    pipeline: Path = PIPELINE,
+    overrides: Optional[List[str]] = OVERRIDES,
+    debug: bool = DEBUG,
+) -> None:
+    """Measure this machine's devices through the pipeline's engines; write profile.json and profile.png."""
+
+    def action() -> None:
+        from bidirl.pipeline import run_stages
+
+        cfg = _config(pipeline, overrides)
+        run = run_stages(cfg, ["profile"])
+        typer.echo(str(run.path / "profile.json"))
+
+    _guard(action, debug)
+
+
+@app.command()
+def plan(
+    pipeline: Path = PIPELINE,
+    overrides: Optional[List[str]] = OVERRIDES,
+    policy: Optional[str] = typer.Option(None, "--policy", help="The policy that will run (default: launch.mode)."),
+    profile_json: Optional[Path] = typer.Option(None, "--profile", help="A profile.json from `bidirl profile` "
+                                                "(default: sim.profile, else the analytic model of sim.hardware)."),
+    debug: bool = DEBUG,
+) -> None:
+    """Choose the rollout/train partition by simulating the policy on the performance model; write plan.json."""
+
+    def action() -> None:
+        from bidirl.pipeline import run_stages
+
+        extra = list(overrides or [])
+        if policy:
+            extra.append(f"launch.mode={policy}")
+        if profile_json:
+            extra.append(f"sim.profile={profile_json}")
+        run = run_stages(_config(pipeline, extra), ["plan"])
+        typer.echo(str(run.path / "plan.json"))
 
     _guard(action, debug)
 
@@ -144,8 +195,6 @@ def _not_built(name: str, what: str) -> Callable[..., None]:
 
 
 for _name, _what in [
-    ("profile", "profile engines to fit time-performance models"),
-    ("plan", "choose the rollout/train partition from the performance models"),
     ("compare", "compare bidirl with veRL, AReaL and ROLL baselines"),
 ]:
     app.command(_name)(_not_built(_name, _what))

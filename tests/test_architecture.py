@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # __init__ is only a name registry (it imports nothing), so configuration may read it.
 LAYERS = [
     ("pipeline", ["bidirl.pipeline"]),
+    ("planner | profiling", ["bidirl.planner", "bidirl.profiling"]),
     ("runtime | sim", ["bidirl.runtime", "bidirl.sim", "bidirl.rundir", "bidirl.plots"]),
     ("engines", ["bidirl.engines"]),
     ("models", ["bidirl.models"]),

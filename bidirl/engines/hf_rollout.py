@@ -49,6 +49,7 @@ class HFRolloutEngine(PauseGate):
         with torch.no_grad():
             out = self.model.generate(
                 **enc, max_new_tokens=params.max_new_tokens, do_sample=not greedy,
+                min_new_tokens=params.max_new_tokens if params.ignore_eos else None,
                 temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
                 top_k=None, num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,

@@ -58,7 +58,7 @@ class VLLMRolloutEngine(PauseGate):
         greedy = params.temperature <= 0
         sampling = VSamplingParams(
             n=params.n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
-            max_tokens=params.max_new_tokens, logprobs=0,
+            max_tokens=params.max_new_tokens, logprobs=0, ignore_eos=params.ignore_eos,
         )  # no per-request seed: on CPU it fails ("CPU Generator does not use offset"); the engine is seeded
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)

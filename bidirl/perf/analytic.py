@@ -30,7 +30,7 @@ memory plus a fixed cost of rebuilding the KV cache and process state::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Tuple
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,24 @@ class PerfModel:
     with_reference: bool = False
     recompute_logprob: bool = True
     switch_fixed_s: float = 0.36  # veRL 7B/8xH100 reshard: 0.6 s per switch minus 15.2 GB over 64 GB/s
+    load_s: float = 0.1  # applying staged weights in place in a rollout engine (checkpoint-engine class)
+
+    # ---- the PerformanceModel interface (bidirl.perf.model) -------------------------------------
+    def decode_line(self, context: float) -> Tuple[float, float]:
+        """(a, b): a decode step with B running sequences of mean context ``context`` takes a + b * B."""
+        return self.step_intercept * self.rollout_efficiency, self.step_slope(context) * self.rollout_efficiency
+
+    def prefill_seconds_per_token(self) -> float:
+        return 2 * self.model.params / (self.mfu * self.hardware.peak_flops) * self.rollout_efficiency
+
+    def load_seconds(self) -> float:
+        return self.load_s
+
+    def memory_bytes(self) -> Dict[str, float]:
+        """Bytes a device may hold: bf16 weights (a rollout engine), the whole training state (bf16 weights
+        and gradients, fp32 master weights and two AdamW moments: 16 bytes per parameter, to be sharded
+        over a train pool), and the device's HBM."""
+        return {"weights": self.model.weight_bytes, "train_state": 16 * self.model.params, "hbm": self.hardware.hbm_bytes}
 
     # ---- rollout ------------------------------------------------------------------------------
     @property
@@ -87,9 +105,6 @@ class PerfModel:
 
     def step_slope(self, context: float) -> float:
         return (0.054e-3 + 5.2e-8 * context) * self.model.kv_bytes_per_token / 147e3 * 3.35e12 / self.hardware.hbm_bw
-
-    def prefill_seconds_per_token(self) -> float:
-        return 2 * self.model.params / (self.mfu * self.hardware.peak_flops)
 
     def max_concurrency(self, context: float) -> int:
         free = (self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
@@ -113,7 +128,7 @@ class PerfModel:
         """``devices`` lent trainers each send their bf16 gradients to the primary, one after another."""
         return devices * self.model.weight_bytes / self.hardware.link_bw
 
-    def switch_seconds(self) -> float:
+    def switch_seconds(self, to: str = "") -> float:
         """One role switch with sleep/wake (see the module docstring): the same for every policy."""
         return self.switch_fixed_s + self.model.weight_bytes / self.hardware.host_bw
 

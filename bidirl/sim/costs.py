@@ -17,17 +17,18 @@ from typing import Deque, Dict, List, Tuple
 
 from bidirl.sched.cluster import Chunk
 from bidirl.sched.estimates import Estimates
-from bidirl.perf.analytic import PerfModel
+from bidirl.perf.model import PerformanceModel as PerfModel
 from bidirl.perf.workload import GroupDraws, Workload
 from bidirl.sim.instance import Instance
 
 
 class CalibratedCosts:
     def __init__(self, perf: PerfModel, workload: Workload, group_size: int, steps: int, seed: int,
-                 switch_s: float, load_s: float):
+                 switch_s: float = 0.0, load_s: float = -1.0):
         self.perf, self.workload, self.G, self.steps = perf, workload, group_size, steps
         self.draws = GroupDraws(seed, group_size)
-        self.switch_s, self.load_s = switch_s, load_s
+        self.switch_s = switch_s  # 0: the model's, by direction
+        self.load_s = perf.load_seconds() if load_s < 0 else load_s
         self.chunk_tokens: Dict[int, int] = {}
         self.group_tokens: Dict[Tuple[int, int], int] = {}  # (chunk, group index) -> prompt + response tokens
         self.finished: Dict[int, Deque[int]] = {}  # chunk -> tokens of its groups done, in completion order
@@ -73,9 +74,9 @@ class CalibratedCosts:
     def load(self, device: int) -> float:
         return self.load_s
 
-    def switch(self, device: int) -> float:
+    def switch(self, device: int, to: str = "") -> float:
         self.switches += 1
-        return self.switch_s
+        return self.switch_s or self.perf.switch_seconds(to)
 
     def tokens(self) -> int:
         return sum(self.chunk_tokens.values())
@@ -84,10 +85,9 @@ class CalibratedCosts:
 def make_instance(perf: PerfModel, workload: Workload) -> Instance:
     """One device's rollout engine: decode step, KV capacity and prefill at the workload's mean context."""
     context = workload.prompt_tokens + workload.mean_tokens / 2  # mean context while decoding
-    efficiency = perf.rollout_efficiency
-    per_token = perf.prefill_seconds_per_token() * efficiency
-    return Instance(perf.step_intercept * efficiency, perf.step_slope(context) * efficiency,
-                    perf.max_concurrency(context), per_token * workload.prompt_tokens, per_token)
+    intercept, slope = perf.decode_line(context)
+    per_token = perf.prefill_seconds_per_token()
+    return Instance(intercept, slope, perf.max_concurrency(context), per_token * workload.prompt_tokens, per_token)
 
 
 def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, steps: int,
@@ -129,11 +129,11 @@ def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups
     """What a profiler would report: device-seconds per group when a device holds its share of a
     batch, T for a batch on one device, the wall time of one chunk alone on a device (a lent trainer's
     lease: set by its longest sequence), switch and gradient-transfer costs."""
-    costs = CalibratedCosts(perf, workload, group_size, 1, seed, switch_s, 0.0)
+    costs = CalibratedCosts(perf, workload, group_size, 1, seed, switch_s, load_s=0.0)
     share = max(1, batch_groups // max(1, devices // 2))
     shared = _run_alone(costs, 0, share)
     mean_tokens = costs.chunk_tokens[0] / (share * group_size)
-    train = perf.train_seconds(batch_groups * group_size * mean_tokens, 1)
+    train = perf.train_compute_seconds(batch_groups * group_size * mean_tokens)
     chunk_s = sum(_run_alone(costs, share + i * chunk_groups, chunk_groups) for i in range(5)) / 5
     return Estimates(shared / share, train, switch_s, perf.gradient_return_seconds(1), chunk_s)
 

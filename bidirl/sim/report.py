@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -14,20 +14,28 @@ from bidirl.sim.run import SimResult, simulate
 from bidirl.ui import console, say
 
 
-def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path) -> List[SimResult]:
-    results = run_policies(cfg, policies)
+def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path,
+                      splits: Optional[Dict[str, int]] = None) -> List[SimResult]:
+    results = run_policies(cfg, policies, splits)
     print_table(cfg, results)
     write_outputs(results, out)
     return results
 
 
-def run_policies(cfg: PipelineConfig, policies: Sequence[str]) -> List[SimResult]:
-    """Every policy on the configured cluster; a bad policy name or split is one BidirlError."""
+def check_policies(policies: Sequence[str]) -> None:
     unknown = [p for p in policies if p not in policy_names()]
     if unknown:
         raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(policy_names())})")
+
+
+def run_policies(cfg: PipelineConfig, policies: Sequence[str], splits: Optional[Dict[str, int]] = None) -> List[SimResult]:
+    """Every policy on the configured cluster, each at ``splits[policy]`` rollout devices if given (the
+    planner's), else at the configured split; a bad policy name or split is one BidirlError."""
+    check_policies(policies)
+    splits = splits or {}
     try:
-        results = [simulate(cfg, name, keep_trace=cfg.sim.gantt) for name in policies]
+        results = [simulate(cfg, name, rollout_devices=splits.get(name) or None, keep_trace=cfg.sim.gantt)
+                   for name in policies]
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
         raise BidirlError(f"simulate: {exc}") from None
     return results

@@ -9,7 +9,8 @@ from typing import Any, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.perf.analytic import HARDWARE, MODELS, PerfModel
-from bidirl.perf.workload import preset
+from bidirl.perf.model import PerformanceModel
+from bidirl.perf.workload import Workload, preset
 from bidirl.sched.assembly import DriverCapabilities, assemble
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.trace import pool_idle_ratio, time_breakdown
@@ -51,31 +52,47 @@ class SimResult:
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
-def perf_model(cfg: PipelineConfig) -> PerfModel:
+def perf_model(cfg: PipelineConfig) -> PerformanceModel:
+    """The fitted model of ``sim.profile`` if one is given, else the analytic model of the declared hardware."""
     sim = cfg.sim
+    if sim.profile:
+        from bidirl.perf.fitted import load_profile
+
+        return load_profile(sim.profile).model(recompute_logprob=sim.recompute_logprob)
     return PerfModel(HARDWARE[sim.hardware], MODELS[sim.model], mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
-                     with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob)
+                     with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob, load_s=sim.load_s)
+
+
+def sim_workload(cfg: PipelineConfig) -> Workload:
+    """The measured workload of ``sim.profile`` if it has one, else the ``sim.workload`` preset."""
+    if cfg.sim.profile:
+        from bidirl.perf.fitted import load_profile
+
+        measured = load_profile(cfg.sim.profile).measured_workload()
+        if measured is not None:
+            return measured
+    return preset(cfg.sim.workload)
 
 
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
              rollout_devices: Optional[int] = None, keep_trace: bool = False, with_bound: bool = True) -> SimResult:
     start = time.perf_counter()
-    perf, workload = perf_model(cfg), preset(cfg.sim.workload)
+    perf, workload = perf_model(cfg), sim_workload(cfg)
     shape = cfg.run_shape()
     if eta is not None:
         shape = dataclasses.replace(shape, staleness=eta)
     if rollout_devices is not None:
         shape = dataclasses.replace(shape, rollout_devices=rollout_devices)
     B, G, devices, steps = shape.batch_groups, cfg.rollout.group_size, shape.devices, shape.steps
-    switch_s = cfg.sim.switch_s or perf.switch_seconds()  # one figure for every policy whose devices switch
-    est = estimates(perf, workload, G, B, devices, switch_s, shape.chunk_groups)
+    switch_s = cfg.sim.switch_s  # one figure for every policy whose devices switch (0: the model's)
+    est = estimates(perf, workload, G, B, devices, switch_s or perf.switch_seconds(), shape.chunk_groups)
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
     capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
     simulator_can = DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
                                        inflight_groups=capacity_groups)
     run = assemble(policy_name, shape, simulator_can, est)
     policy, cluster = run.policy, run.cluster
-    costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s, load_s=cfg.sim.load_s)
+    costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s)
     simulator = Simulator(cluster, policy, costs)
     simulator.run()
     makespan = cluster.now
@@ -93,13 +110,13 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
 _BOUNDS: Dict[tuple, float] = {}
 
 
-def bound_step(cfg: PipelineConfig, perf: PerfModel, eta: float) -> float:
+def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float) -> float:
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
     comparison shares it)."""
-    key = (repr(perf), cfg.sim.workload, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps,
+    key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps,
            cfg.cluster.devices, cfg.seed, eta)
     if key not in _BOUNDS:
-        _BOUNDS[key] = step_bound(perf, preset(cfg.sim.workload), cfg.rollout.group_size, cfg.train.prompts_per_step,
+        _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,
                                   cfg.train.steps, cfg.cluster.devices, cfg.seed, eta)
     return _BOUNDS[key]
 

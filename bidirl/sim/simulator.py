@@ -47,7 +47,7 @@ class CostModel(Protocol):
 
     def load(self, device: int) -> float: ...
 
-    def switch(self, device: int) -> float: ...
+    def switch(self, device: int, to: str = "") -> float: ...
 
 
 @dataclass
@@ -78,7 +78,7 @@ class FixedCosts:
     def load(self, device: int) -> float:
         return self.switch_s
 
-    def switch(self, device: int) -> float:
+    def switch(self, device: int, to: str = "") -> float:
         return self.switch_s
 
 
@@ -206,7 +206,7 @@ class Simulator:
             key = (device.index, device.state)
             if device.state is DeviceState.SWITCHING and key not in self.scheduled:
                 self.scheduled.add(key)
-                self.push(now + self.costs.switch(device.index), ev.SwitchDone(device.index, device.role))
+                self.push(now + self.costs.switch(device.index, device.role.value), ev.SwitchDone(device.index, device.role))
             elif device.state is DeviceState.SYNCING and key not in self.scheduled:
                 self.scheduled.add(key)
                 seconds = self.costs.load(device.index)

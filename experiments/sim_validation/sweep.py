@@ -5,9 +5,9 @@ baseline at its best split and in its published configuration.
 
 For each (workload, eta) row:
   1. every policy that has a split (areal, roll, streamrl, verl-dynamic, verl-async, bidirl) gets its
-     best one: the mean samples/s over 3 seeds (chunk 8) on a coarse grid of splits (every 3rd), then
-     every split within 2 of the best grid point (``best_split``; ``--check-search`` compares it with
-     all 31 splits on one row);
+     best one: the mean samples/s over 3 seeds (chunk 8, a 30-step horizon) on a coarse grid of splits
+     (every 3rd), then every split within 2 of the best grid point (``best_split``; ``--check-search``
+     compares it with all 31 splits on one row);
   2. at that split, each policy runs over 3 seeds x chunk sizes {4, 8, 16}; a cell is the mean;
   3. bidirl's ratio to the best baseline (highest mean) is given as mean [min-max] over the 9
      (seed, chunk) pairs, each pair's ratio taken on the same workload draw.
@@ -38,7 +38,7 @@ BASELINES = ["verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async"]
 POLICIES = BASELINES + ["bidirl"]
 SPLIT_FREE = {"verl"}
 PUBLISHED = {"verl-async": ["sim.recompute_logprob=false", "algorithm.updates_per_sync=4"]}
-SEEDS, CHUNKS, SEARCH_CHUNK = (0, 1, 2), (4, 8, 16), 8
+SEEDS, CHUNKS, SEARCH_CHUNK, SEARCH_STEPS = (0, 1, 2), (4, 8, 16), 8, 30
 DEVICES = 32
 
 
@@ -80,7 +80,7 @@ def breakdown(parts) -> str:
 
 def row(args) -> Tuple[str, List[str]]:
     workload, eta, steps = args
-    splits = {p: None if p in SPLIT_FREE else best_split(workload, eta, steps, p) for p in POLICIES}
+    splits = {p: None if p in SPLIT_FREE else best_split(workload, eta, min(steps, SEARCH_STEPS), p) for p in POLICIES}
     results = {p: runs(workload, eta, steps, p, splits[p]) for p in POLICIES}
     mean = {p: statistics.mean(r.samples_per_s for r in results[p].values()) for p in POLICIES}
     best = max(BASELINES, key=lambda p: mean[p])
@@ -125,7 +125,8 @@ def main(argv: List[str]) -> None:
                   "exhaustive:", best_split("gsm8k", 1, steps, policy, exhaustive=True), flush=True)
         return
     if "--switch" in argv:
-        jobs = [(w, eta, steps, {p: best_split(w, eta, steps, p) for p in POLICIES if p not in SPLIT_FREE})
+        jobs = [(w, eta, steps, {p: best_split(w, eta, min(steps, SEARCH_STEPS), p) for p in POLICIES
+                                 if p not in SPLIT_FREE})
                 for w in ("gsm8k", "math") for eta in (0, 1)]
         print("| workload | eta | switch 0.5 s | switch 1 s | switch 2 s |  (bidirl / best baseline)")
         print("|---|---|---|---|---|")

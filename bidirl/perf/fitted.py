@@ -1,0 +1,208 @@
+"""A performance model fitted to a profile measured on the user's own devices (``bidirl profile``).
+
+``profile.json`` holds the raw points and the fitted coefficients with their errors::
+
+    decode    step(B, ctx) = a + b * B + c * B * ctx      least squares over (batch, context) points
+    prefill   seconds per prompt token
+    train     step(tokens) = fixed + per_token * tokens    one device, gradients and optimizer step
+    weights   load (into the rollout engine), publish (flatten + hand-off), bytes
+    switch    into rollout (loads weights into the engine) and into training (a lookup)
+    workload  the task's own response lengths under the pipeline's sampling settings (optional)
+
+:func:`load_profile` validates the file against this schema: a corrupt or incomplete profile is one
+line naming the file and the key, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from bidirl.errors import BidirlError
+from bidirl.perf.workload import Workload
+
+SCHEMA = "bidirl.profile/1"
+
+
+@dataclass
+class Fit:
+    """Coefficients of a linear fit and its error: relative RMS of (fit - measured) / measured."""
+
+    coefficients: Dict[str, float]
+    error: float
+    points: List[Dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Profile:
+    device: str
+    decode: Fit  # a, b, c
+    prefill: Fit  # per_token
+    train: Fit  # fixed_s, per_token_s
+    weights: Dict[str, float]  # load_s, publish_s, bytes
+    switch: Dict[str, float]  # to_rollout_s, to_train_s
+    capacity: int  # sequences one engine decodes at once
+    workload: Optional[Dict[str, float]] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def model(self, recompute_logprob: bool = False) -> "FittedModel":
+        return FittedModel(self)
+
+    def measured_workload(self) -> Optional[Workload]:
+        return Workload(name="measured", **self.workload) if self.workload else None
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2)
+
+
+class FittedModel:
+    """:class:`~bidirl.perf.model.PerformanceModel` from a profile (times of the profiled device)."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        d, t = profile.decode.coefficients, profile.train.coefficients
+        self.a, self.b, self.c = d["a"], d["b"], d["c"]
+        self.per_token, self.train_fixed = t["per_token_s"], t["fixed_s"]
+
+    def decode_line(self, context: float) -> Tuple[float, float]:
+        return max(0.0, self.a), max(1e-9, self.b + self.c * context)  # a noisy fit never gives negative time
+
+    def prefill_seconds_per_token(self) -> float:
+        return self.profile.prefill.coefficients["per_token"]
+
+    def max_concurrency(self, context: float) -> int:
+        return self.profile.capacity
+
+    def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
+        # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass
+        return self.train_fixed + self.per_token * tokens
+
+    def allreduce_seconds(self, devices: int) -> float:
+        return 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.profile.weights["publish_s"]
+
+    def gradient_return_seconds(self, devices: int) -> float:
+        return devices * self.profile.weights["publish_s"]
+
+    def sync_seconds(self, devices: int) -> float:
+        return self.profile.weights["publish_s"] if devices > 1 else 0.0
+
+    def load_seconds(self) -> float:
+        return self.profile.weights["load_s"]
+
+    def switch_seconds(self, to: str = "") -> float:
+        s = self.profile.switch
+        return {"rollout": s["to_rollout_s"], "train": s["to_train_s"]}.get(to, max(s.values()))
+
+
+# ---- fitting ------------------------------------------------------------------------------------
+
+
+def least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> List[float]:
+    """Coefficients x minimising |A x - y| (normal equations; a handful of unknowns)."""
+    import numpy as np
+
+    solution, *_ = np.linalg.lstsq(np.asarray(rows, dtype=float), np.asarray(targets, dtype=float), rcond=None)
+    return [float(v) for v in solution]
+
+
+def relative_error(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    terms = [((p - m) / m) ** 2 for p, m in zip(predicted, measured) if m > 0]
+    return math.sqrt(sum(terms) / len(terms)) if terms else 0.0
+
+
+def fit_decode(points: List[Dict[str, float]]) -> Fit:
+    contexts = [p["context"] for p in points]
+    if max(contexts) > 1.25 * min(contexts):
+        rows = [(1.0, p["batch"], p["batch"] * p["context"]) for p in points]
+        a, b, c = least_squares(rows, [p["step_s"] for p in points])
+    else:  # contexts hardly vary: the context term cannot be told apart from the batch term
+        (a, b), c = least_squares([(1.0, p["batch"]) for p in points], [p["step_s"] for p in points]), 0.0
+    predicted = [a + b * p["batch"] + c * p["batch"] * p["context"] for p in points]
+    return Fit({"a": a, "b": b, "c": c}, relative_error(predicted, [p["step_s"] for p in points]), points)
+
+
+def fit_line(points: List[Dict[str, float]], x: str, y: str, names: Tuple[str, str]) -> Fit:
+    intercept, slope = least_squares([(1.0, p[x]) for p in points], [p[y] for p in points])
+    predicted = [intercept + slope * p[x] for p in points]
+    return Fit({names[0]: intercept, names[1]: slope}, relative_error(predicted, [p[y] for p in points]), points)
+
+
+def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: int) -> Dict[str, float]:
+    """Log-normal fit of response lengths: between-group and within-group spread, as the presets have."""
+    logs = [[math.log(max(1, n)) for n in group] for group in lengths_by_group if group]
+    means = [sum(g) / len(g) for g in logs]
+    grand = sum(means) / len(means)
+    between = math.sqrt(sum((m - grand) ** 2 for m in means) / max(1, len(means) - 1))
+    within = math.sqrt(sum((v - m) ** 2 for g, m in zip(logs, means) for v in g) / max(1, sum(map(len, logs)) - len(logs)))
+    flat = [n for group in lengths_by_group for n in group]
+    return {"prompt_tokens": round(prompt_tokens), "mean_tokens": sum(flat) / len(flat), "cap": cap,
+            "prompt_sigma": round(between, 4), "sample_sigma": round(within, 4)}
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+
+def load_profile(path: str | Path) -> Profile:
+    """A validated profile; a bad file is one BidirlError naming the file and what is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BidirlError(f"{path}: profile not found (run `bidirl profile PIPELINE` to measure one)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BidirlError(f"{path}: not a readable profile.json ({type(exc).__name__}); measure it again "
+                          "with `bidirl profile`") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BidirlError(f"{path}: 'schema' must be {SCHEMA!r}; this file was not written by `bidirl profile`")
+    try:
+        fits = {name: _fit(data, name, keys) for name, keys in
+                (("decode", ("a", "b", "c")), ("prefill", ("per_token",)), ("train", ("fixed_s", "per_token_s")))}
+        weights = _numbers(data, "weights", ("load_s", "publish_s", "bytes"))
+        switch = _numbers(data, "switch", ("to_rollout_s", "to_train_s"))
+        capacity = data["capacity"]
+        if not isinstance(capacity, int) or capacity < 1:
+            raise _Bad("capacity", "a positive integer")
+        workload = data.get("workload")
+        if workload is not None:
+            workload = _numbers(data, "workload", ("prompt_tokens", "mean_tokens", "cap", "prompt_sigma", "sample_sigma"))
+            workload["prompt_tokens"], workload["cap"] = int(workload["prompt_tokens"]), int(workload["cap"])
+    except KeyError as exc:
+        raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
+    except _Bad as exc:
+        raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
+    return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
+                   capacity, workload, dict(data.get("meta") or {}))
+
+
+class _Bad(Exception):
+    def __init__(self, key: str, expected: str):
+        self.key, self.expected = key, expected
+
+
+def _numbers(data: Dict[str, Any], section: str, keys: Sequence[str]) -> Dict[str, float]:
+    block = data[section]
+    if not isinstance(block, dict):
+        raise _Bad(section, "a mapping")
+    out = {}
+    for key in keys:
+        value = block[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise _Bad(f"{section}.{key}", "a finite number >= 0")
+        out[key] = float(value)
+    return out
+
+
+def _fit(data: Dict[str, Any], section: str, keys: Sequence[str]) -> Fit:
+    block = data[section]
+    if not isinstance(block, dict) or not isinstance(block.get("coefficients"), dict):
+        raise _Bad(f"{section}.coefficients", "a mapping")
+    coefficients = {}
+    for key in keys:
+        value = block["coefficients"][key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise _Bad(f"{section}.coefficients.{key}", "a finite number")
+        coefficients[key] = float(value)
+    return Fit(coefficients, float(block.get("error", 0.0)), list(block.get("points", [])))

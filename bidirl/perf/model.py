@@ -1,0 +1,49 @@
+"""The one interface every performance model offers, whatever its source.
+
+Two sources implement it: :class:`~bidirl.perf.analytic.PerfModel` (analytic, for hardware we do not
+have, calibrated on public figures) and :class:`~bidirl.perf.fitted.FittedModel` (fitted from a
+profile measured on the user's own devices by ``bidirl profile``). The simulator, the planner and the
+cost gates of the cost-aware policies use only what is written here. All times are seconds on one
+device of the kind modelled.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Tuple
+
+
+class PerformanceModel(Protocol):
+    # rollout: one engine instance per device
+    def decode_line(self, context: float) -> Tuple[float, float]:
+        """(a, b): one decode step of B running sequences of mean context ``context`` takes a + b * B."""
+        ...
+
+    def prefill_seconds_per_token(self) -> float: ...
+
+    def max_concurrency(self, context: float) -> int:
+        """Sequences of that context the KV cache holds at once."""
+        ...
+
+    # training
+    def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
+        """Device-seconds of gradient work for ``tokens`` (prompt + response), shared by data-parallel devices."""
+        ...
+
+    def allreduce_seconds(self, devices: int) -> float: ...
+
+    def gradient_return_seconds(self, devices: int) -> float:
+        """``devices`` lent trainers' gradients sent to the primary, one after another."""
+        ...
+
+    # weights and roles
+    def sync_seconds(self, devices: int) -> float:
+        """Publishing a version to ``devices`` staging buffers (in the background)."""
+        ...
+
+    def load_seconds(self) -> float:
+        """Applying staged weights in a rollout engine."""
+        ...
+
+    def switch_seconds(self, to: str = "") -> float:
+        """One role switch into ``to`` ("rollout" or "train"; "" = either)."""
+        ...

@@ -1,0 +1,228 @@
+"""``bidirl plan``: the scheduling-aware planner. Chooses the rollout/train partition by simulating the
+policy that will run, on the pipeline's performance model and workload.
+
+Scheduling-aware means the score of a split is the simulated throughput of *that policy* on it (its
+staleness bound, its lending, its switches), not a balance of two averages: a policy that borrows
+devices at run time can prefer a different split than a static one.
+
+Search (pruned, not all n - 1 splits): the analytic balance point of the estimated stage times
+(``balanced_split``) and a coarse grid of splits are simulated on a short horizon; then every split
+within one grid step of the best is simulated; among splits within ``TIE`` of the best score the one
+closest to the balance point wins (its residual imbalance is the smallest in whole devices, which is
+what borrowed devices absorb). ``experiments/planner/`` checks the choice against exhaustive search.
+
+Memory: a partition must fit -- the rollout engine's weights plus a KV cache on every rollout device,
+and the training state (16 bytes per parameter) sharded over the train pool on every train device
+(:func:`fits_memory`, analytic models; a profiled CPU has no such limit here).
+
+Writes ``plan.json`` (chosen split, predicted step time and samples/s, predicted device-time per pool
+by cause, the top alternatives and a one-line reason); :func:`load_plan` validates one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from bidirl.config import PipelineConfig
+from bidirl.errors import BidirlError
+from bidirl.perf.analytic import PerfModel
+from bidirl.sched.estimates import balanced_split
+from bidirl.sched.policy import POLICIES
+from bidirl.sim.costs import estimates
+from bidirl.sim.run import perf_model, sim_workload, simulate
+
+SCHEMA = "bidirl.plan/1"
+TIE = 0.005  # splits within 0.5% of the best score are equally good
+HORIZON = 30  # simulated steps per candidate (the planner's horizon; a run's own steps if fewer)
+
+
+@dataclass
+class Candidate:
+    rollout_devices: int
+    samples_per_s: float
+    step_s: float
+    time_breakdown: Dict[str, Dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    policy: str
+    devices: int
+    rollout_devices: int  # 0 for a colocated policy (no partition)
+    predicted_step_s: float
+    predicted_samples_per_s: float
+    predicted_time_breakdown: Dict[str, Dict[str, float]]
+    alternatives: List[Dict[str, Any]]
+    reason: str
+    model: str  # which performance model scored it
+    horizon_steps: int
+    simulated_splits: int
+    plan_seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2)
+
+
+def describe_model(cfg: PipelineConfig) -> str:
+    return f"profile {cfg.sim.profile}" if cfg.sim.profile else f"analytic {cfg.sim.hardware} {cfg.sim.model}"
+
+
+def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
+    """Rollout devices: the engine's bf16 weights and room for a KV cache. Train devices: the training
+    state (16 bytes per parameter: bf16 weights and gradients, fp32 master weights and two AdamW
+    moments) sharded over the train pool, FSDP/ZeRO-3 style; 10% of HBM is left for activations."""
+    if not isinstance(perf, PerfModel):
+        return True  # a profiled device: its limits were measured, not modelled
+    memory = perf.memory_bytes()
+    train = devices - rollout_devices
+    rollout_ok = memory["weights"] < 0.9 * memory["hbm"]
+    train_ok = train > 0 and memory["train_state"] / train < 0.9 * memory["hbm"]
+    return rollout_ok and train_ok
+
+
+def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON) -> Plan:
+    """The best partition for ``policy`` (default ``launch.mode``); impossible settings are ValueError."""
+    start = time.perf_counter()
+    policy = policy or cfg.launch.mode
+    if policy not in POLICIES:
+        raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
+    steps = max(1, min(cfg.train.steps, horizon))
+    short = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+    devices = cfg.cluster.devices
+    perf, workload = perf_model(cfg), sim_workload(cfg)
+    if POLICIES[policy].synchronous:  # colocated: every device does both, nothing to partition
+        result = simulate(short, policy, with_bound=False)
+        only = Candidate(0, result.samples_per_s, result.step_s, result.time_breakdown)
+        return _plan(cfg, policy, only, [only], "colocated policy: every device generates, then trains",
+                     steps, 1, start)
+    legal = [x for x in range(1, devices) if fits_memory(perf, x, devices)]
+    if not legal:
+        raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
+                          f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
+    est = estimates(perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, devices,
+                    cfg.sim.switch_s or perf.switch_seconds(), cfg.launch.chunk_groups)
+    balance = balanced_split(devices, est, cfg.train.prompts_per_step) if devices > 1 else 1
+    scored: Dict[int, Candidate] = {}
+
+    def score(x: int) -> float:
+        if x not in scored:
+            r = simulate(short, policy, rollout_devices=x, with_bound=False)
+            scored[x] = Candidate(x, r.samples_per_s, r.step_s, r.time_breakdown)
+        return scored[x].samples_per_s
+
+    grid_step = max(1, round(len(legal) / 10))
+    grid = sorted({*legal[::grid_step], min(legal, key=lambda x: abs(x - balance))})
+    best = max(grid, key=score)
+    for x in legal:
+        if abs(x - best) < grid_step:
+            score(x)
+    top = max(c.samples_per_s for c in scored.values())
+    ties = [c for c in scored.values() if c.samples_per_s >= (1 - TIE) * top]
+    chosen = min(ties, key=lambda c: (abs(c.rollout_devices - balance), -c.samples_per_s))
+    ranked = sorted(scored.values(), key=lambda c: -c.samples_per_s)
+    reason = (f"{chosen.rollout_devices}/{devices - chosen.rollout_devices} gives the best simulated '{policy}' "
+              f"throughput ({chosen.samples_per_s:.3g} samples/s) of {len(scored)} splits scored on "
+              f"{describe_model(cfg)}; stage-time balance point {balance}/{devices - balance}")
+    if chosen.samples_per_s < top:
+        reason += f"; within {TIE:.1%} of the best, it is the closest to the balance point"
+    return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
+
+
+def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, steps: int, simulated: int,
+          start: float) -> Plan:
+    alternatives = [{"rollout_devices": c.rollout_devices, "samples_per_s": round(c.samples_per_s, 4),
+                     "step_s": round(c.step_s, 4)} for c in ranked[:5]]
+    return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
+                round(chosen.samples_per_s, 4), chosen.time_breakdown, alternatives, reason, describe_model(cfg),
+                steps, simulated, round(time.perf_counter() - start, 2))
+
+
+def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> PipelineConfig:
+    """``cluster.rollout_devices: 0`` means "ask the planner": the config with the planned split filled in
+    (unchanged for colocated policies and for a split the user chose)."""
+    policy = policy or cfg.launch.mode
+    if cfg.cluster.rollout_devices or POLICIES[policy].synchronous or cfg.cluster.devices < 2:
+        return cfg
+    chosen = plan(cfg, policy).rollout_devices
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, rollout_devices=chosen))
+
+
+def live_partition(cfg: PipelineConfig) -> List[str]:
+    """For ``bidirl launch``: the override that fixes the planned split, or nothing. A live run is planned
+    on a profile of its own devices (``sim.profile``); without one, the policy's default split is used."""
+    from bidirl.ui import say
+
+    if cfg.cluster.rollout_devices or POLICIES[cfg.launch.mode].synchronous or cfg.cluster.devices < 2:
+        return []
+    if not cfg.sim.profile and cfg.cluster.device_type == "cpu":
+        say("cluster.rollout_devices=0 and no sim.profile: the policy's default split (run `bidirl profile` and "
+            "pass sim.profile=.../profile.json to let the planner choose)")
+        return []
+    chosen = plan(cfg).rollout_devices
+    say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "
+        f"({describe_model(cfg)})")
+    return [f"cluster.rollout_devices={chosen}"]
+
+
+def planned_splits(cfg: PipelineConfig, policies: List[str]) -> Dict[str, int]:
+    """For ``bidirl simulate``: each policy's planned split when ``cluster.rollout_devices`` is 0."""
+    try:
+        return {p: resolve_partition(cfg, p).cluster.rollout_devices for p in policies}
+    except (ValueError, RuntimeError) as exc:  # an impossible setting: the same line simulate would give
+        raise BidirlError(f"simulate: {exc}") from None
+
+
+def print_plan(result: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from bidirl.ui import console
+
+    out = Console(width=None if console.is_terminal else 140)
+    table = Table(title=f"plan for '{result.policy}' on {result.devices} devices ({result.model}, "
+                        f"{result.horizon_steps}-step horizon, {result.simulated_splits} splits simulated)")
+    for column in ("split r/t", "samples/s", "step s", ""):
+        table.add_column(column, justify="right")
+    for alt in result.alternatives:
+        chosen = alt["rollout_devices"] == result.rollout_devices
+        table.add_row(f"{alt['rollout_devices']}/{result.devices - alt['rollout_devices']}" if alt["rollout_devices"]
+                      else "colocated", f"{alt['samples_per_s']:.3f}", f"{alt['step_s']:.3f}", "chosen" if chosen else "")
+    out.print(table)
+    out.print(result.reason)
+
+
+def write_plan(result: Plan, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "plan.json.tmp"
+    tmp.write_text(result.to_json())
+    tmp.replace(out / "plan.json")
+    return out / "plan.json"
+
+
+def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
+    """A validated plan that still fits the pipeline; otherwise one line naming the file and the key."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BidirlError(f"{path}: plan not found (run `bidirl plan PIPELINE`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BidirlError(f"{path}: not a readable plan.json ({type(exc).__name__}); plan again with `bidirl plan`") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BidirlError(f"{path}: 'schema' must be {SCHEMA!r}; this file was not written by `bidirl plan`")
+    names = [f.name for f in dataclasses.fields(Plan)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise BidirlError(f"{path}: missing key '{missing[0]}'; plan again with `bidirl plan`")
+    for key in ("devices", "rollout_devices"):
+        if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 0:
+            raise BidirlError(f"{path}: key '{key}' must be a whole number >= 0")
+    if data["devices"] != cfg.cluster.devices or data["rollout_devices"] >= data["devices"]:
+        raise BidirlError(f"{path}: planned for {data['devices']} devices ({data['rollout_devices']} rollout) but the "
+                          f"pipeline has cluster.devices={cfg.cluster.devices}; plan again with `bidirl plan`")
+    return Plan(**{n: data[n] for n in names})

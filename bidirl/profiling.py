@@ -1,0 +1,187 @@
+"""``bidirl profile``: measure this machine's devices through the real engines and fit a performance model.
+
+What is measured, on one device in this process, with the pipeline's own engines, model, prompts and
+sampling settings (one thread, as each live device worker runs):
+
+* decode: batches of B sequences generated to a fixed length L (EOS ignored) for two lengths; the
+  difference gives the time of one decode step at batch B and the mean context, the rest the prefill;
+* the task's own response lengths (a normal sampled rollout), fitted as a log-normal workload;
+* training: one optimizer step on batches of increasing token counts;
+* weights: loading a full weight set into the rollout engine, and flattening it for publishing;
+* switches: into rollout (loads weights into the engine) and into training.
+
+Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and ``profile.png``
+(points against the fitted curves). ``bidirl plan`` and ``bidirl simulate`` (``sim.profile``) use it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+from bidirl.config import PipelineConfig
+from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, fit_workload
+from bidirl.samples import Sample, SamplingParams
+
+REPEATS = 3  # each timing is the median of this many runs
+
+
+def median_time(work: Callable[[], Any], repeats: int = REPEATS) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def batch_sizes(cfg: PipelineConfig) -> List[int]:
+    """Running batches to measure: up to the largest chunk a device generates at once, in prompt groups."""
+    largest = max(1, cfg.launch.chunk_groups)
+    sizes = sorted({max(1, largest // 16), max(1, largest // 4), max(1, largest // 2), largest})
+    return sizes
+
+
+def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None] = lambda *a, **k: None) -> Profile:
+    import torch
+
+    from bidirl.data import load_problems
+    from bidirl.engines.build import build_rollout_engine, build_train_engine
+    from bidirl.grpo import assign_advantages
+    from bidirl.models.sources import prepare_model
+    from bidirl.prompts import PromptBuilder
+    from bidirl.reward import numeric_reward
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a live device worker runs
+    try:
+        model = prepare_model(cfg)
+        rollout = build_rollout_engine(cfg, model.path)
+        trainer = build_train_engine(cfg, model.path)
+        prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
+        problems = load_problems(cfg.data, "train")
+        G = cfg.rollout.group_size
+        sampling = SamplingParams(n=G, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                                  top_p=cfg.rollout.top_p)
+        rollout.generate([prompt(p) for p in problems[:4]], sampling)  # warm-up (first calls are slower)
+        advance()
+
+        # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps
+        short, long_ = max(2, cfg.rollout.max_new_tokens // 2), max(4, cfg.rollout.max_new_tokens * 2)
+        decode_points, prefill_points, prompt_tokens = [], [], []
+        for groups, (short, long_) in [*((g, (short, long_)) for g in batch_sizes(cfg)),
+                                       (max(batch_sizes(cfg)), (long_, 4 * long_))]:  # a longer context too
+            prompts = [prompt(p) for p in problems[:groups]]
+            lengths = [len(rollout.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
+            prompt_tokens += lengths
+            seconds = {}
+            for length in (short, long_):
+                fixed = SamplingParams(n=G, max_new_tokens=length, temperature=1.0, ignore_eos=True)
+                seconds[length] = median_time(lambda: rollout.generate(prompts, fixed))
+            step = max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short))
+            context = statistics.mean(lengths) + (short + long_) / 2
+            decode_points.append({"batch": groups * G, "context": context, "step_s": step})
+            if short == max(2, cfg.rollout.max_new_tokens // 2):
+                prefill_points.append({"tokens": sum(lengths) * G, "seconds": max(0.0, seconds[short] - short * step)})
+            advance()
+        decode = fit_decode(decode_points)
+        prefill = fit_line(prefill_points, "tokens", "seconds", ("fixed_s", "per_token"))
+        prefill.coefficients["per_token"] = max(0.0, prefill.coefficients["per_token"])
+
+        # the task's own response lengths, and samples to train on
+        groups = max(batch_sizes(cfg))
+        samples: List[Sample] = rollout.generate([prompt(p) for p in problems[:groups]], sampling)
+        for sample in samples:
+            sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer)
+        by_group: Dict[int, List[Sample]] = {}
+        for sample in samples:
+            by_group.setdefault(sample.prompt_index, []).append(sample)
+        workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
+                                statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens)
+        for group in by_group.values():
+            assign_advantages(group, cfg.algorithm.std_normalize)
+            for i, sample in enumerate(group):  # every sample informative, so each point trains what it says
+                sample.advantage = sample.advantage or (1.0 if i % 2 else -1.0)
+        advance()
+
+        # training: one optimizer step on increasing shares of the batch
+        train_points = []
+        for share in (4, 2, 1):
+            part = samples[: max(1, len(samples) // share)]
+            tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in part)
+            train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), 2)})
+            advance()
+        train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
+
+        # weights and switches
+        state = trainer.state_dict()
+        load_s = median_time(lambda: rollout.update_weights(state, rollout.version + 1))
+        params = trainer.parameters()
+        publish_s = median_time(lambda: torch.nn.utils.parameters_to_vector(params).detach().clone())
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        to_train_s = median_time(lambda: None)  # a lookup of pre-built groups: nothing to move
+        advance()
+    finally:
+        torch.set_num_threads(threads)
+    profile = Profile(
+        device=cfg.cluster.device_type, decode=decode, prefill=Fit({"per_token": prefill.coefficients["per_token"]},
+                                                                   prefill.error, prefill.points),
+        train=train, weights={"load_s": load_s, "publish_s": publish_s, "bytes": float(weight_bytes)},
+        switch={"to_rollout_s": load_s, "to_train_s": to_train_s},
+        capacity=max(p["batch"] for p in decode_points), workload=workload,
+        meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
+              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S")})
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "profile.json.tmp"
+    tmp.write_text(profile.to_json())
+    tmp.replace(out / "profile.json")
+    plot_profile(profile, out / "profile.png")
+    return profile
+
+
+def plot_profile(profile: Profile, path: Path) -> Path:
+    """Measured points against the fitted lines: decode step vs batch, prefill vs tokens, training vs tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    d = profile.decode.coefficients
+    pts = profile.decode.points
+    axes[0].plot([p["batch"] for p in pts], [1000 * p["step_s"] for p in pts], "o", label="measured")
+    xs = sorted(p["batch"] for p in pts)
+    ctx = statistics.mean(p["context"] for p in pts)
+    axes[0].plot(xs, [1000 * (d["a"] + d["b"] * x + d["c"] * x * ctx) for x in xs], "-",
+                 label=f"fit (error {profile.decode.error:.0%})")
+    axes[0].set(xlabel="running sequences", ylabel="decode step (ms)", title="decode")
+    for ax, fit, key, title in ((axes[1], profile.prefill, "tokens", "prefill"),
+                                (axes[2], profile.train, "tokens", "train step")):
+        points = fit.points
+        ys = [p["seconds"] for p in points]
+        ax.plot([p[key] for p in points], ys, "o", label="measured")
+        c = fit.coefficients
+        slope = c.get("per_token", c.get("per_token_s", 0.0))
+        xs = sorted(p[key] for p in points)
+        ax.plot(xs, [c.get("fixed_s", 0.0) + slope * x for x in xs], "-", label=f"fit (error {fit.error:.0%})")
+        ax.set(xlabel=key, ylabel="seconds", title=title)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def progress_steps(cfg: PipelineConfig) -> int:
+    return 1 + len(batch_sizes(cfg)) + 1 + 1 + 3 + 1
+
+
+def summary_line(profile: Profile) -> str:
+    w, d, t = profile.workload or {}, profile.decode.coefficients, profile.train.coefficients
+    return (f"decode step {1000 * d['a']:.2f} ms + {1000 * d['b']:.4f} ms/sequence (fit error {profile.decode.error:.0%}); "
+            f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "
+            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens")

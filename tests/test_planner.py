@@ -1,0 +1,160 @@
+"""Performance models fitted from profiles, the scheduling-aware planner, and their files."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bidirl.config import load_config
+from bidirl.errors import BidirlError
+from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, load_profile
+from bidirl.planner import fits_memory, load_plan, plan, write_plan
+from bidirl.sim.run import perf_model, simulate
+
+BIDIRL = str(Path(sys.executable).with_name("bidirl"))
+SMALL = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
+         "launch.chunk_groups=8", "launch.mode=areal"]
+
+
+def small(*overrides):
+    return load_config("pipelines/sim-32gpu.yaml", [*SMALL, *overrides])
+
+
+def synthetic_profile(**changes) -> Profile:
+    fields = dict(device="cpu", decode=Fit({"a": 2e-3, "b": 1e-4, "c": 1e-7}, 0.01),
+                  prefill=Fit({"per_token": 1e-5}, 0.02), train=Fit({"fixed_s": 0.05, "per_token_s": 2e-4}, 0.03),
+                  weights={"load_s": 0.02, "publish_s": 0.01, "bytes": 1.3e7},
+                  switch={"to_rollout_s": 0.02, "to_train_s": 1e-5}, capacity=512,
+                  workload={"prompt_tokens": 9, "mean_tokens": 3.5, "cap": 8, "prompt_sigma": 0.3, "sample_sigma": 0.2})
+    fields.update(changes)
+    return Profile(**fields)
+
+
+def test_fits_recover_known_coefficients_from_synthetic_points():
+    points = [{"batch": b, "context": c, "step_s": 0.003 + 2e-4 * b + 5e-7 * b * c}
+              for b in (4, 16, 64, 256) for c in (20, 60, 120)]
+    fit = fit_decode(points)
+    assert fit.coefficients == pytest.approx({"a": 0.003, "b": 2e-4, "c": 5e-7}, rel=1e-6)
+    assert fit.error < 1e-9
+    line = fit_line([{"tokens": t, "seconds": 0.1 + 3e-4 * t} for t in (1000, 2000, 4000)], "tokens", "seconds",
+                    ("fixed_s", "per_token_s"))
+    assert line.coefficients == pytest.approx({"fixed_s": 0.1, "per_token_s": 3e-4})
+
+
+def test_a_profile_round_trips_through_its_schema(tmp_path):
+    profile = synthetic_profile()
+    (tmp_path / "profile.json").write_text(profile.to_json())
+    assert load_profile(tmp_path / "profile.json") == profile
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: "not json{", "not a readable profile.json"),
+    (lambda d: {**d, "schema": "other"}, "'schema' must be"),
+    (lambda d: {k: v for k, v in d.items() if k != "train"}, "missing key 'train'"),
+    (lambda d: {**d, "capacity": -3}, "key 'capacity' must be a positive integer"),
+    (lambda d: {**d, "weights": {**d["weights"], "load_s": "fast"}}, "key 'weights.load_s' must be a finite number"),
+])
+def test_a_corrupt_profile_is_one_line_naming_the_file_and_the_key(tmp_path, damage, message):
+    data = json.loads(synthetic_profile().to_json())
+    damaged = damage(data)
+    (tmp_path / "profile.json").write_text(damaged if isinstance(damaged, str) else json.dumps(damaged))
+    with pytest.raises(BidirlError, match=message) as error:
+        load_profile(tmp_path / "profile.json")
+    assert str(tmp_path / "profile.json") in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_simulator_runs_on_a_fitted_model_and_the_measured_workload(tmp_path):
+    (tmp_path / "profile.json").write_text(synthetic_profile().to_json())
+    cfg = small(f"sim.profile={tmp_path / 'profile.json'}", "cluster.devices=2", "launch.chunk_groups=16",
+                "train.prompts_per_step=16", "algorithm.staleness=1")
+    result = simulate(cfg, "areal", keep_trace=True)
+    assert result.cluster.trained_groups == 6 * 16 and result.tokens_per_s > 0
+    assert perf_model(cfg).switch_seconds("train") == pytest.approx(1e-5)
+
+
+def test_partitions_respect_memory_and_a_model_that_fits_nowhere_is_one_line():
+    perf = perf_model(small("sim.model=32B", "sim.hardware=H20"))
+    assert not fits_memory(perf, 1, 2)  # one trainer cannot hold 32B of training state
+    assert fits_memory(perf, 2, 16)
+    with pytest.raises(BidirlError, match="does not fit .* on any partition"):
+        plan(small("sim.model=32B", "sim.hardware=H20", "cluster.devices=3"))
+
+
+def test_a_rollout_heavy_workload_gets_more_rollout_devices_than_a_train_heavy_one():
+    rollout_heavy = plan(small("sim.workload=reasoning", "train.prompts_per_step=16"), horizon=6)
+    train_heavy = plan(small("sim.workload=gsm8k", "train.prompts_per_step=64"), horizon=6)
+    assert rollout_heavy.rollout_devices > train_heavy.rollout_devices
+
+
+@pytest.mark.parametrize("policy", ["areal", "bidirl", "roll"])
+def test_the_pruned_search_scores_within_the_tie_margin_of_the_exhaustive_best(policy):
+    cfg = small("sim.workload=math", "algorithm.staleness=1")
+    chosen = plan(cfg, policy, horizon=6)
+    best = max(simulate(cfg, policy, rollout_devices=x, with_bound=False).samples_per_s for x in range(1, 8))
+    assert chosen.predicted_samples_per_s >= 0.99 * best
+
+
+def test_a_plan_round_trips_and_one_that_no_longer_fits_the_pipeline_is_refused(tmp_path):
+    cfg = small()
+    result = plan(cfg, horizon=6)
+    path = write_plan(result, tmp_path)
+    assert load_plan(path, cfg) == result and 0 < result.rollout_devices < 8
+    with pytest.raises(BidirlError, match="planned for 8 devices .* cluster.devices=16"):
+        load_plan(path, small("cluster.devices=16"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "rollout_devices": "four"}))
+    with pytest.raises(BidirlError, match="key 'rollout_devices' must be a whole number"):
+        load_plan(path, cfg)
+
+
+def test_colocated_policies_have_nothing_to_partition():
+    assert plan(small(), "verl", horizon=6).rollout_devices == 0
+
+
+def test_plan_cli_writes_plan_json_and_prints_the_table(tmp_path):
+    result = subprocess.run([BIDIRL, "plan", "pipelines/sim-32gpu.yaml", *SMALL, f"output_dir={tmp_path}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "chosen" in result.stdout
+    (run,) = tmp_path.iterdir()
+    assert json.loads((run / "plan.json").read_text())["policy"] == "areal"
+
+
+def test_plan_with_a_missing_profile_is_one_line_and_leaves_no_run_directory(tmp_path):
+    result = subprocess.run([BIDIRL, "plan", "pipelines/sim-32gpu.yaml", *SMALL, f"output_dir={tmp_path}/out",
+                             "--profile", str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: sim.profile=")
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_asks_the_planner_for_each_policys_split_when_none_is_given(tmp_path):
+    from bidirl.planner import planned_splits
+
+    splits = planned_splits(small("cluster.rollout_devices=0"), ["verl", "areal", "bidirl"])
+    assert splits["verl"] == 0 and 0 < splits["areal"] < 8 and 0 < splits["bidirl"] < 8
+    fixed = planned_splits(small("cluster.rollout_devices=3"), ["areal"])
+    assert fixed == {"areal": 3}
+
+
+TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+        "model.tiny.intermediate_size=128", "model.tiny.sft_steps=2", "model.tiny.sft_batch_size=8",
+        "model.tiny.sft_examples=32", "data.eval_size=8", "logging.wandb_mode=disabled", "logging.progress=false",
+        "rollout.engine=hf", "launch.chunk_groups=8", "train.prompts_per_step=8"]
+
+
+def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(tmp_path):
+    result = subprocess.run([BIDIRL, "profile", "pipelines/cpu-tiny.yaml", *TINY, f"output_dir={tmp_path}/runs",
+                             f"model.cache_dir={tmp_path}/cache"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert (run / "profile.png").stat().st_size > 0
+    profile = load_profile(run / "profile.json")
+    assert len(profile.decode.points) >= 4 and len(profile.train.points) == 3
+    assert profile.train.coefficients["per_token_s"] > 0 and profile.workload["cap"] == 8
+    cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
+                                                  f"sim.profile={run / 'profile.json'}"])
+    chosen = plan(cfg)
+    assert chosen.rollout_devices == 1 and chosen.model.startswith("profile")  # two devices: one split
+    assert simulate(cfg, "async").samples_per_s > 0
