@@ -5,11 +5,19 @@ Scheduling-aware means the score of a split is the simulated throughput of *that
 staleness bound, its lending, its switches), not a balance of two averages: a policy that borrows
 devices at run time can prefer a different split than a static one.
 
-Search (pruned, not all n - 1 splits): the analytic balance point of the estimated stage times
-(``balanced_split``) and a coarse grid of splits are simulated on a short horizon; then every split
-within one grid step of the best is simulated; among splits within ``TIE`` of the best score the one
-closest to the balance point wins (its residual imbalance is the smallest in whole devices, which is
-what borrowed devices absorb). ``experiments/planner/`` checks the choice against exhaustive search.
+Search (pruned, not all n - 1 splits): candidates are simulated on a short horizon (``horizon``:
+``HORIZON`` steps, fewer for very large batches so a candidate costs at most ``SAMPLE_BUDGET``
+simulated samples). First a coarse grid of about ``GRID`` evenly spaced splits plus the analytic
+balance point of the estimated stage times (``balanced_split``); then a bisection inside the bracket
+of the best grid point's neighbours (throughput against split rises to one plateau and falls: each
+round simulates the midpoints on either side of the best so far and halves the bracket). Among
+splits within ``TIE`` of the best score the one closest to the balance point wins: its residual
+imbalance is the smallest in whole devices, which is what borrowed devices absorb.
+
+A cluster of more than ``REPLICA`` devices is planned on a replica of ``REPLICA`` devices with the
+same batch per device: the split and the throughput scale with the cluster (what does not scale
+is the all-reduce's ring term, 2(n-1)/n, which grows by under 2% from 64 to 1024 devices).
+``experiments/planner/quality.py`` checks the choice against exhaustive search.
 
 Memory: a partition must fit -- the rollout engine's weights plus a KV cache on every rollout device,
 and the training state (16 bytes per parameter) sharded over the train pool on every train device
@@ -26,7 +34,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -38,7 +46,11 @@ from bidirl.sim.run import perf_model, sim_workload, simulate
 
 SCHEMA = "bidirl.plan/1"
 TIE = 0.005  # splits within 0.5% of the best score are equally good
-HORIZON = 30  # simulated steps per candidate (the planner's horizon; a run's own steps if fewer)
+HORIZON = 12  # simulated steps per candidate (the planner's horizon; a run's own steps if fewer)
+SAMPLE_BUDGET = 250_000  # simulated samples per candidate at most: 1024-device plans stay under a minute
+MIN_HORIZON = 4
+GRID = 7  # coarse grid points before the bisection
+REPLICA = 64  # larger clusters are planned on a replica of this many devices with the same per-device batch
 
 
 @dataclass
@@ -91,7 +103,8 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     policy = policy or cfg.launch.mode
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
-    steps = max(1, min(cfg.train.steps, horizon))
+    samples_per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
+    steps = max(1, min(cfg.train.steps, horizon, max(MIN_HORIZON, SAMPLE_BUDGET // samples_per_step)))
     short = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
     devices = cfg.cluster.devices
     perf, workload = perf_model(cfg), sim_workload(cfg)
@@ -104,6 +117,8 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     if not legal:
         raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
                           f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
+    if devices > REPLICA:
+        return _plan_on_replica(cfg, policy, legal, start)
     est = estimates(perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, devices,
                     cfg.sim.switch_s or perf.switch_seconds(), cfg.launch.chunk_groups)
     balance = balanced_split(devices, est, cfg.train.prompts_per_step) if devices > 1 else 1
@@ -115,12 +130,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
             scored[x] = Candidate(x, r.samples_per_s, r.step_s, r.time_breakdown)
         return scored[x].samples_per_s
 
-    grid_step = max(1, round(len(legal) / 10))
-    grid = sorted({*legal[::grid_step], min(legal, key=lambda x: abs(x - balance))})
-    best = max(grid, key=score)
-    for x in legal:
-        if abs(x - best) < grid_step:
-            score(x)
+    search(legal, balance, score)
     top = max(c.samples_per_s for c in scored.values())
     ties = [c for c in scored.values() if c.samples_per_s >= (1 - TIE) * top]
     chosen = min(ties, key=lambda c: (abs(c.rollout_devices - balance), -c.samples_per_s))
@@ -131,6 +141,42 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     if chosen.samples_per_s < top:
         reason += f"; within {TIE:.1%} of the best, it is the closest to the balance point"
     return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
+
+
+def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: float) -> Plan:
+    devices, factor = cfg.cluster.devices, cfg.cluster.devices / REPLICA
+    replica = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, devices=REPLICA), train=dataclasses.replace(
+        cfg.train, prompts_per_step=max(1, round(cfg.train.prompts_per_step / factor))))
+    small = plan(replica, policy)
+    scaled = [Candidate(min(legal, key=lambda x: abs(x - a["rollout_devices"] * factor)), a["samples_per_s"] * factor,
+                        a["step_s"]) for a in small.alternatives]
+    chosen = next(c for c, a in zip(scaled, small.alternatives) if a["rollout_devices"] == small.rollout_devices)
+    chosen.time_breakdown = small.predicted_time_breakdown
+    reason = (f"{chosen.rollout_devices}/{devices - chosen.rollout_devices}: the best split of a {REPLICA}-device replica "
+              f"with the same batch per device, scaled by {factor:g} (predicted throughput scaled likewise); "
+              f"replica: {small.reason}")
+    return _plan(cfg, policy, chosen, [chosen] + [c for c in scaled if c is not chosen], reason, small.horizon_steps,
+                 small.simulated_splits, start)
+
+
+def search(legal: List[int], balance: int, score: Callable[[int], float]) -> int:
+    """The best of ``legal`` splits by ``score``: a coarse grid, then bisection around its best point."""
+    step = max(1, len(legal) // GRID)
+    grid = sorted({*legal[::step], legal[-1], min(legal, key=lambda x: abs(x - balance))})
+    best = max(grid, key=score)
+    i = grid.index(best)
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    while True:
+        inside = [x for x in legal if lo < x < hi]
+        left = [x for x in inside if x < best]
+        right = [x for x in inside if x > best]
+        probes = [side[len(side) // 2] for side in (left, right) if side]
+        if not probes:
+            return best
+        seen = (lo, hi, best, *probes)
+        best = max((best, *probes), key=score)
+        lo = max(x for x in seen if x < best) if best > lo else lo
+        hi = min(x for x in seen if x > best) if best < hi else hi
 
 
 def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, steps: int, simulated: int,

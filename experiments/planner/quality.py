@@ -31,11 +31,12 @@ PUBLISHED = {"verl-async": ["sim.recompute_logprob=false", "algorithm.updates_pe
 DEVICES, STEPS, SEEDS = 32, 60, (0, 1, 2)
 
 
-def config(workload: str, eta: float, policy: str, steps: int = STEPS, seed: int = 0, devices: int = DEVICES):
+def config(workload: str, eta: float, policy: str, steps: int = STEPS, seed: int = 0, devices: int = DEVICES,
+           extra=()):
     return load_config("pipelines/sim-32gpu.yaml", [
         f"sim.workload={workload}", f"train.steps={steps}", f"algorithm.staleness={eta}", "launch.chunk_groups=8",
         f"seed={seed}", f"cluster.devices={devices}", f"launch.mode={policy}", *WORKLOADS[workload],
-        *PUBLISHED.get(policy, [])])
+        *PUBLISHED.get(policy, []), *extra])
 
 
 def seed_mean(workload, eta, policy, split) -> float:
@@ -58,8 +59,9 @@ def cell(args) -> str:
 
 
 def speed() -> None:
-    for devices, steps in ((32, 200), (1024, 100)):
-        cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices)
+    for devices, steps in ((32, 200), (1024, 100)):  # speed.py's clusters: 16 prompts x 8 per device and step
+        cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices,
+                     extra=[f"train.prompts_per_step={16 * devices}"])
         start = time.perf_counter()
         result = plan(cfg)
         print(f"{devices} devices: plan in {time.perf_counter() - start:.1f} s "

@@ -5,9 +5,9 @@ baseline at its best split and in its published configuration.
 
 For each (workload, eta) row:
   1. every policy that has a split (areal, roll, streamrl, verl-dynamic, verl-async, bidirl) gets its
-     best one: the mean samples/s over 3 seeds (chunk 8, a 30-step horizon) on a coarse grid of splits
-     (every 3rd), then every split within 2 of the best grid point (``best_split``; ``--check-search``
-     compares it with all 31 splits on one row);
+     best one from the planner (``bidirl.planner.plan``: that policy simulated on candidate splits,
+     seed 0, chunk 8, a short horizon); ``experiments/planner/quality.py`` checks the planner's split
+     against exhaustive search over all 31 for every cell of this table;
   2. at that split, each policy runs over 3 seeds x chunk sizes {4, 8, 16}; a cell is the mean;
   3. bidirl's ratio to the best baseline (highest mean) is given as mean [min-max] over the 9
      (seed, chunk) pairs, each pair's ratio taken on the same workload draw.
@@ -28,6 +28,7 @@ from multiprocessing import Pool
 from typing import Dict, List, Tuple
 
 from bidirl.config import load_config
+from bidirl.planner import plan
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
 
@@ -38,7 +39,7 @@ BASELINES = ["verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async"]
 POLICIES = BASELINES + ["bidirl"]
 SPLIT_FREE = {"verl"}
 PUBLISHED = {"verl-async": ["sim.recompute_logprob=false", "algorithm.updates_per_sync=4"]}
-SEEDS, CHUNKS, SEARCH_CHUNK, SEARCH_STEPS = (0, 1, 2), (4, 8, 16), 8, 30
+SEEDS, CHUNKS, SEARCH_CHUNK = (0, 1, 2), (4, 8, 16), 8
 DEVICES = 32
 
 
@@ -48,25 +49,10 @@ def config(workload: str, eta: float, steps: int, seed: int, chunk: int, policy:
         f"seed={seed}", f"cluster.devices={DEVICES}", *WORKLOADS[workload], *PUBLISHED.get(policy, []), *extra])
 
 
-def mean_throughput(workload, eta, steps, policy, split, extra=()) -> float:
-    return statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, policy, extra), policy,
-                                    rollout_devices=split, with_bound=False).samples_per_s for seed in SEEDS)
-
-
-def best_split(workload, eta, steps, policy, extra=(), exhaustive=False) -> int:
-    """Coarse grid (every 3rd split), then every split within 2 of the best grid point; seed mean."""
-    scores: Dict[int, float] = {}
-
-    def score(split):
-        if split not in scores:
-            scores[split] = mean_throughput(workload, eta, steps, policy, split, extra)
-        return scores[split]
-
-    grid = range(1, DEVICES) if exhaustive else range(1, DEVICES, 3)
-    best = max(grid, key=score)
-    if not exhaustive:
-        best = max(range(max(1, best - 2), min(DEVICES - 1, best + 2) + 1), key=score)
-    return best
+def best_split(workload, eta, steps, policy, extra=()) -> int:
+    """The planner's split for ``policy`` (the same search ``bidirl plan`` does)."""
+    return plan(config(workload, eta, steps, 0, SEARCH_CHUNK, policy, [f"launch.mode={policy}", *extra]),
+                policy).rollout_devices
 
 
 def runs(workload, eta, steps, policy, split, extra=()) -> Dict[Tuple[int, int], SimResult]:
@@ -80,7 +66,7 @@ def breakdown(parts) -> str:
 
 def row(args) -> Tuple[str, List[str]]:
     workload, eta, steps = args
-    splits = {p: None if p in SPLIT_FREE else best_split(workload, eta, min(steps, SEARCH_STEPS), p) for p in POLICIES}
+    splits = {p: None if p in SPLIT_FREE else best_split(workload, eta, steps, p) for p in POLICIES}
     results = {p: runs(workload, eta, steps, p, splits[p]) for p in POLICIES}
     mean = {p: statistics.mean(r.samples_per_s for r in results[p].values()) for p in POLICIES}
     best = max(BASELINES, key=lambda p: mean[p])
@@ -119,13 +105,8 @@ def main(argv: List[str]) -> None:
     numbers = [a for a in argv if not a.startswith("--")]
     steps = int(numbers[0]) if numbers else 60
     processes = int(numbers[1]) if len(numbers) > 1 else 2
-    if "--check-search" in argv:
-        for policy in ("areal", "bidirl"):
-            print(policy, "search:", best_split("gsm8k", 1, steps, policy),
-                  "exhaustive:", best_split("gsm8k", 1, steps, policy, exhaustive=True), flush=True)
-        return
     if "--switch" in argv:
-        jobs = [(w, eta, steps, {p: best_split(w, eta, min(steps, SEARCH_STEPS), p) for p in POLICIES
+        jobs = [(w, eta, steps, {p: best_split(w, eta, steps, p) for p in POLICIES
                                  if p not in SPLIT_FREE})
                 for w in ("gsm8k", "math") for eta in (0, 1)]
         print("| workload | eta | switch 0.5 s | switch 1 s | switch 2 s |  (bidirl / best baseline)")
