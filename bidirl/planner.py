@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
 from bidirl.perf.analytic import PerfModel
+from bidirl.perf.workload import Workload
 from bidirl.sched.estimates import balanced_split
 from bidirl.sched.policy import POLICIES
 from bidirl.sim.costs import estimates
@@ -97,19 +98,20 @@ def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
     return rollout_ok and train_ok
 
 
-def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON) -> Plan:
-    """The best partition for ``policy`` (default ``launch.mode``); impossible settings are ValueError."""
+def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON,
+         workload: Optional[Workload] = None) -> Plan:
+    """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
+    ``workload``: lengths measured by a running job); impossible settings are BidirlError."""
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
-    samples_per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
-    steps = max(1, min(cfg.train.steps, horizon, max(MIN_HORIZON, SAMPLE_BUDGET // samples_per_step)))
-    short = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+    short = planning_config(cfg, horizon)
+    steps = short.train.steps
     devices = cfg.cluster.devices
-    perf, workload = perf_model(cfg), sim_workload(cfg)
+    perf, workload = perf_model(cfg), workload or sim_workload(cfg)
     if POLICIES[policy].synchronous:  # colocated: every device does both, nothing to partition
-        result = simulate(short, policy, with_bound=False)
+        result = simulate(short, policy, with_bound=False, workload=workload)
         only = Candidate(0, result.samples_per_s, result.step_s, result.time_breakdown)
         return _plan(cfg, policy, only, [only], "colocated policy: every device generates, then trains",
                      steps, 1, start)
@@ -118,7 +120,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
         raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
                           f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
     if devices > REPLICA:
-        return _plan_on_replica(cfg, policy, legal, start)
+        return _plan_on_replica(cfg, policy, legal, start, workload)
     est = estimates(perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, devices,
                     cfg.sim.switch_s or perf.switch_seconds(), cfg.launch.chunk_groups)
     balance = balanced_split(devices, est, cfg.train.prompts_per_step) if devices > 1 else 1
@@ -126,8 +128,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
 
     def score(x: int) -> float:
         if x not in scored:
-            r = simulate(short, policy, rollout_devices=x, with_bound=False)
-            scored[x] = Candidate(x, r.samples_per_s, r.step_s, r.time_breakdown)
+            scored[x] = candidate(short, policy, x, workload)
         return scored[x].samples_per_s
 
     search(legal, balance, score)
@@ -143,11 +144,25 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
 
 
-def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: float) -> Plan:
+def planning_config(cfg: PipelineConfig, horizon: int = HORIZON) -> PipelineConfig:
+    """``cfg`` cut to the planner's horizon: what every candidate split is simulated on."""
+    samples_per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
+    steps = max(1, min(cfg.train.steps, horizon, max(MIN_HORIZON, SAMPLE_BUDGET // samples_per_step)))
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+
+
+def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload: Optional[Workload] = None) -> Candidate:
+    """The planner's score of one split: ``policy`` simulated on it over the planning horizon."""
+    r = simulate(short, policy, rollout_devices=rollout_devices, with_bound=False, workload=workload)
+    return Candidate(rollout_devices, r.samples_per_s, r.step_s, r.time_breakdown)
+
+
+def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: float,
+                     workload: Optional[Workload]) -> Plan:
     devices, factor = cfg.cluster.devices, cfg.cluster.devices / REPLICA
     replica = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, devices=REPLICA), train=dataclasses.replace(
         cfg.train, prompts_per_step=max(1, round(cfg.train.prompts_per_step / factor))))
-    small = plan(replica, policy)
+    small = plan(replica, policy, workload=workload)
     scaled = [Candidate(min(legal, key=lambda x: abs(x - a["rollout_devices"] * factor)), a["samples_per_s"] * factor,
                         a["step_s"]) for a in small.alternatives]
     chosen = next(c for c, a in zip(scaled, small.alternatives) if a["rollout_devices"] == small.rollout_devices)
@@ -186,6 +201,18 @@ def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, 
     return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
                 round(chosen.samples_per_s, 4), chosen.time_breakdown, alternatives, reason, describe_model(cfg),
                 steps, simulated, round(time.perf_counter() - start, 2))
+
+
+def replanner(cfg: PipelineConfig, policy: Optional[str] = None) -> Callable[[float], int]:
+    """For re-planning at run time: mean response length measured -> the planner's split for it (the
+    pipeline's workload with that mean and no further drift)."""
+    base = sim_workload(cfg)
+
+    def choose(mean_tokens: float) -> int:
+        measured = dataclasses.replace(base, mean_tokens=mean_tokens, drift=0.0)
+        return plan(cfg, policy, workload=measured).rollout_devices
+
+    return choose
 
 
 def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> PipelineConfig:

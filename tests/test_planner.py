@@ -158,3 +158,49 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     chosen = plan(cfg)
     assert chosen.rollout_devices == 1 and chosen.model.startswith("profile")  # two devices: one split
     assert simulate(cfg, "async").samples_per_s > 0
+
+
+def test_search_finds_the_peak_of_a_single_peaked_score_on_any_cluster_size():
+    from bidirl.planner import search
+
+    for devices in (2, 3, 8, 33, 1024):
+        for peak in {1, devices // 3, devices - 1} - {0}:
+            seen = []
+            best = search(list(range(1, devices)), devices // 2, lambda x: seen.append(x) or -abs(x - peak))
+            assert best == peak and len(set(seen)) <= 8 + 2 * devices.bit_length()
+
+
+def test_a_large_cluster_is_planned_on_a_replica_with_the_same_batch_per_device():
+    result = plan(small("cluster.devices=256", "train.prompts_per_step=2048"), horizon=4)
+    assert "64-device replica" in result.reason and 0 < result.rollout_devices < 256
+    assert result.rollout_devices % 4 == 0  # a replica split, scaled by 4
+
+
+def test_replanning_on_drifting_lengths_moves_devices_between_pools_and_keeps_every_invariant():
+    cfg = small("sim.workload=math-drift", "train.steps=12", "algorithm.staleness=1", "train.prompts_per_step=32")
+    wanted = {}
+
+    def choose(mean_tokens):  # a stand-in for the planner: more rollout devices as responses grow
+        wanted[mean_tokens] = 2 if mean_tokens < 700 else 6
+        return wanted[mean_tokens]
+
+    result = simulate(cfg, "bidirl", rollout_devices=2, keep_trace=True, replan=choose, replan_every=3)
+    cluster = result.cluster
+    assert wanted and cluster.rehomes, "lengths grew, so the partition changed"
+    assert sum(d.home.value == "rollout" for d in cluster.devices) == 6
+    assert cluster.trained_groups == 12 * 32 and max(result.staleness) <= 1  # every group once, within eta
+    assert not cluster.open_leases and all(d.role is d.home for d in cluster.devices)
+    assert cluster.primary not in {device for _, device, _ in cluster.rehomes}
+    homes = {record["device"]: record["home"] for record in cluster.trace}
+    assert [homes[d.index] for d in cluster.devices] == [d.home.value for d in cluster.devices]
+
+
+def test_the_planner_replans_on_measured_lengths_and_the_live_runtime_refuses_what_it_cannot_do():
+    from bidirl.planner import replanner
+    from bidirl.sched.assembly import LIVE, assemble
+
+    cfg = small("sim.workload=math-drift", "train.steps=6")
+    choose = replanner(cfg, "areal")
+    assert 0 < choose(400.0) < 8
+    with pytest.raises(ValueError, match="simulated only"):
+        assemble("areal", cfg.run_shape(), LIVE, replanner=lambda cluster: None)

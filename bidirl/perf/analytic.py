@@ -128,6 +128,10 @@ class PerfModel:
         """``devices`` lent trainers each send their bf16 gradients to the primary, one after another."""
         return devices * self.model.weight_bytes / self.hardware.link_bw
 
+    def train_state_seconds(self) -> float:
+        """The primary's training state (fp32 master weights and two AdamW moments) sent to one device."""
+        return 12 * self.model.params / self.hardware.link_bw
+
     def switch_seconds(self, to: str = "") -> float:
         """One role switch with sleep/wake (see the module docstring): the same for every policy."""
         return self.switch_fixed_s + self.model.weight_bytes / self.hardware.host_bw

@@ -92,6 +92,10 @@ class FittedModel:
     def load_seconds(self) -> float:
         return self.profile.weights["load_s"]
 
+    def train_state_seconds(self) -> float:
+        # fp32 weights and two AdamW moments: three times the published (flattened fp32) weights
+        return 3 * self.profile.weights["publish_s"]
+
     def switch_seconds(self, to: str = "") -> float:
         s = self.profile.switch
         return {"rollout": s["to_rollout_s"], "train": s["to_train_s"]}.get(to, max(s.values()))

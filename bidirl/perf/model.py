@@ -44,6 +44,10 @@ class PerformanceModel(Protocol):
         """Applying staged weights in a rollout engine."""
         ...
 
+    def train_state_seconds(self) -> float:
+        """The primary's training state (weights and optimizer moments) sent to a device joining the pool."""
+        ...
+
     def switch_seconds(self, to: str = "") -> float:
         """One role switch into ``to`` ("rollout" or "train"; "" = either)."""
         ...

@@ -65,6 +65,10 @@ PRESETS: Dict[str, Workload] = {
     # reasoning with a 16k cap: mean 7-10k, 10-30% at the cap, lengths drift upwards
     "reasoning": Workload("reasoning", prompt_tokens=200, mean_tokens=9000, cap=16384, prompt_sigma=0.7,
                           sample_sigma=0.3, drift=0.3),
+    # responses that grow eightfold over the run (400 -> 3,200 tokens: a policy learning to reason at
+    # length, as DeepSeek-R1-style runs report), for re-planning at run time
+    "math-drift": Workload("math-drift", prompt_tokens=150, mean_tokens=400, cap=4096, prompt_sigma=0.6,
+                           sample_sigma=0.35, drift=7.0),
     # veRL fully-async case B (DAPO, Qwen2.5-Math-7B, 28k cap, 32xH20), from its published colocated step:
     # update_actor 269.8 s at 6N FLOPs/token, MFU 0.33 -> ~1,130 tokens per sample (old_log_prob 107.7 s
     # at 2N -> ~1,350), and generation 357 s ~ one sequence decoding alone to the 28k cap (~370 s): a

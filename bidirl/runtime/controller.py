@@ -182,8 +182,12 @@ class Controller:
     def _join(self, action: ev.Join) -> None:
         raise BidirlError("the live runtime cannot add a device to a train step in progress (LIVE.allows_join)")
 
+    def _rehome(self, action: ev.Rehome) -> None:
+        raise BidirlError("the live runtime cannot re-partition yet (LIVE.rehomes): a new home trainer would "
+                          "need the primary's optimizer state")
+
     EXECUTE = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync, ev.Load: _load,
-               ev.Switch: _switch}
+               ev.Switch: _switch, ev.Rehome: _rehome}
 
     # ---- after training --------------------------------------------------------------------------
     def evaluate(self) -> List[Dict[str, Any]]:

@@ -24,6 +24,7 @@ from typing import List
 from bidirl.sched.cluster import Cluster, check_staleness
 from bidirl.sched.estimates import NO_ESTIMATES, EstimatesProvider
 from bidirl.sched.policy import Policy, build_policy
+from bidirl.sched.replanning import NO_REPLANNING, Replanner
 from bidirl.sched.roles import Role
 
 
@@ -48,6 +49,7 @@ class DriverCapabilities:
     interruptible: bool  # pause generation for a weight load instead of waiting for the chunk to end
     streams_updates: bool  # several optimizer updates per weight sync
     inflight_groups: int = 0  # groups a rollout device may hold at once (0: one chunk)
+    rehomes: bool = False  # move a device to another home pool at run time (Rehome: re-planning)
 
 
 LIVE = DriverCapabilities(allows_join=False, interruptible=False, streams_updates=False)
@@ -68,8 +70,10 @@ class Assembly:
 
 
 def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
-             estimates: EstimatesProvider = NO_ESTIMATES) -> Assembly:
-    policy = build_policy(policy_name, estimates, shape.batch_groups)
+             estimates: EstimatesProvider = NO_ESTIMATES, replanner: Replanner = NO_REPLANNING) -> Assembly:
+    if replanner is not NO_REPLANNING and not driver.rehomes:
+        raise ValueError("re-planning at run time (Rehome) is simulated only so far (`bidirl simulate`)")
+    policy = build_policy(policy_name, estimates, shape.batch_groups, replanner)
     homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
     eta = policy.effective_eta(shape.staleness)
     check_staleness(eta, policy.deadlines)

@@ -34,7 +34,9 @@ Invariants (asserted here and by tests):
     before version v + 1 exists (always); every admitted group is trained exactly once;
   * only the train pool creates versions (home trainers step identical optimizer replicas; a lent
     rollout device only contributes gradients); no device computes gradients on stale weights;
-  * one train step at a time, and a batch is trained only when all its groups are done.
+  * one train step at a time, and a batch is trained only when all its groups are done;
+  * re-partitioning (``Rehome``) moves only idle, unlent devices other than the primary, only between
+    steps; a device joining the train pool this way holds the primary's version when it arrives.
 """
 
 from __future__ import annotations
@@ -124,6 +126,11 @@ class Cluster:
         self.trace: List[dict] = []
         self.leases: List[Lease] = []
         self.open_leases: Dict[int, Lease] = {}  # device -> its lease in force
+        # re-partitioning: devices switching to a new home pool, and rollout devices that will move to the
+        # train pool at the next step boundary (they take no new groups meanwhile)
+        self.rehoming: set = set()
+        self.leaving: set = set()
+        self.rehomes: List[Tuple[float, int, str]] = []  # (time, device, new home)
         # idle devices per served role, kept up to date from every traced transition (O(1) lookups)
         self.idle_sets: Dict[Role, set] = {Role.ROLLOUT: set(), Role.TRAIN: set()}
         for d in self.devices:
@@ -173,7 +180,7 @@ class Cluster:
     def has_room(self, device: Device, groups: int) -> bool:
         """May ``device`` take ``groups`` more groups now (serving rollout, nothing queued, capacity left)?"""
         working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups)
-        return (working and device.role is Role.ROLLOUT and not device.after_work
+        return (working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
                 and self.inflight[device.index] + groups <= self.inflight_groups)
 
     def decoding_older_tail(self, device: Device) -> bool:
@@ -324,8 +331,20 @@ class Cluster:
             device.transition(S.DRAINING, self.now, action.reason or f"to {action.role.value}", self._log)
             device.after_work.append("switch")
 
+    def _rehome(self, action: ev.Rehome) -> None:
+        device = self.devices[action.device]
+        assert device.index != self.primary, "the primary trainer owns the optimizer and the versions: it stays"
+        assert device.idle and not device.lent and not device.after_work, f"device {device.index} is busy or lent"
+        assert self.training is None, "re-partitioning happens at a step boundary"
+        assert action.home is not device.home, f"device {device.index} is already at home in {action.home.value}"
+        device.home = action.home
+        self.leaving.discard(device.index)
+        self.rehoming.add(device.index)
+        self.rehomes.append((self.now, device.index, action.home.value))
+        self._start_switch(ev.Switch(device.index, action.home, action.reason or f"rehome to {action.home.value}"))
+
     APPLY = {ev.Generate: _start_chunk, ev.Train: _start_train, ev.Join: _join_train, ev.Sync: _start_sync,
-             ev.Load: _start_load, ev.Switch: _start_switch}
+             ev.Load: _start_load, ev.Switch: _start_switch, ev.Rehome: _rehome}
 
     # ---- completions -------------------------------------------------------------------------
     def complete(self, event: ev.Event) -> None:
@@ -371,7 +390,11 @@ class Cluster:
     def _switch_done(self, event: ev.SwitchDone) -> None:
         device = self.devices[event.device]
         assert device.role is event.role
-        if event.role is device.home:
+        if device.index in self.rehoming:  # a new home: no lease; a new trainer adopted the primary's state
+            self.rehoming.discard(device.index)
+            if device.home is Role.TRAIN:
+                device.version = self.version
+        elif event.role is device.home:
             self.open_leases.pop(device.index).end = self.now
         self._next_queued(device, f"serves {event.role.value}")
 

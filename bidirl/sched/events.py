@@ -118,6 +118,17 @@ class Switch(Action):
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Rehome(Action):
+    """Re-partition: ``device`` moves to the ``home`` pool for good and switches into that role (no lease).
+    Only at a step boundary, for a device idle at home, never the primary. Into the train pool it adopts
+    the primary's training state (weights and optimizer moments), so it steps an identical replica."""
+
+    device: int
+    home: Role
+    reason: str = ""
+
+
 EVENTS: Tuple[type, ...] = (Started, ChunkDone, TrainDone, SyncDone, LoadDone, SwitchDone)
-ACTIONS: Tuple[type, ...] = (Generate, Train, Join, Sync, Load, Switch)
+ACTIONS: Tuple[type, ...] = (Generate, Train, Join, Sync, Load, Switch, Rehome)
 

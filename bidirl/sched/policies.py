@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.policy import Policy
+from bidirl.sched.replanning import repartition_toward
 from bidirl.sched.roles import DeviceState, Role
 
 
@@ -107,6 +108,7 @@ def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event
 class SyncPolicy(Policy):
     name, aliases = "sync", ("verl",)  # colocated synchronous (veRL hybrid engine)
     synchronous = True  # on-policy by construction: eta is 0 whatever the config says
+    repartitions = False  # colocated: no partition
 
     def homes(self, devices: int, rollout_devices: int) -> List[Role]:
         return [Role.TRAIN] * devices  # colocated: every device trains, and is lent to rollout each step
@@ -134,6 +136,7 @@ class SyncPolicy(Policy):
 
 class AsyncPolicy(Policy):
     name, aliases = "async", ("areal",)  # fixed partition, staleness-bounded (AReaL)
+    target: Optional[int] = None  # rollout-pool size the replanner asked for (None: keep the partition)
 
     def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
         actions: List[ev.Action] = []
@@ -141,6 +144,7 @@ class AsyncPolicy(Policy):
             return actions
         if cluster.version < cluster.steps:
             publish_and_load(cluster, actions, event)
+        self.replan(event, cluster, actions)
         self.before_training(cluster, actions)
         if cluster.batch_ready():
             trainers = self.step_devices(cluster)
@@ -148,6 +152,13 @@ class AsyncPolicy(Policy):
                 issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))
         self.fill(cluster, actions)
         return actions
+
+    def replan(self, event: ev.Event, cluster: Cluster, actions: List[ev.Action]) -> None:
+        """After each step, ask the replanner; move devices toward its split whenever the rules allow."""
+        if isinstance(event, ev.TrainDone):
+            self.target = self.replanner.rollout_devices(cluster) or self.target
+        if self.target is not None and cluster.version < cluster.steps:
+            repartition_toward(cluster, actions, self.target)
 
     def step_devices(self, cluster: Cluster) -> List:
         """The devices of the next train step, or none if it cannot start yet: every device serving

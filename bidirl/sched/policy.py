@@ -21,6 +21,7 @@ from typing import ClassVar, Dict, List, Tuple, Type
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import NO_ESTIMATES, Estimates, EstimatesProvider
+from bidirl.sched.replanning import NO_REPLANNING, Replanner
 from bidirl.sched.roles import Role
 
 POLICIES: Dict[str, Type["Policy"]] = {}  # name or alias -> class, in the order defined
@@ -41,10 +42,16 @@ class Policy:
                     raise ValueError(f"policy name '{key}' is taken by {POLICIES[key].__qualname__}")
                 POLICIES[key] = cls
 
-    def __init__(self, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0, label: str = ""):
+    repartitions: ClassVar[bool] = True  # has a partition that re-planning may change (not colocated)
+
+    def __init__(self, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0, label: str = "",
+                 replanner: Replanner = NO_REPLANNING):
         if self.needs_estimates and estimates is NO_ESTIMATES:
             raise ValueError(f"policy '{self.name}' needs performance estimates (measured live, or the simulator's)")
+        if replanner is not NO_REPLANNING and not self.repartitions:
+            raise ValueError(f"policy '{self.name}' has no partition to re-plan")
         self._estimates = estimates
+        self.replanner = replanner
         self.batch_groups = batch_groups
         self.label = label or self.name  # the name it was asked for (an alias, say), for reports
 
@@ -76,8 +83,9 @@ def policy_names() -> Tuple[str, ...]:
     return tuple(POLICIES)
 
 
-def build_policy(name: str, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0) -> Policy:
+def build_policy(name: str, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0,
+                 replanner: Replanner = NO_REPLANNING) -> Policy:
     """A policy by name or alias; cost-aware ones need an estimates provider."""
     if name not in POLICIES:
         raise ValueError(f"unknown scheduling policy '{name}' (known: {', '.join(POLICIES)})")
-    return POLICIES[name](estimates, batch_groups, label=name)
+    return POLICIES[name](estimates, batch_groups, label=name, replanner=replanner)

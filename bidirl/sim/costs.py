@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Deque, Dict, List, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from bidirl.sched.cluster import Chunk
 from bidirl.sched.estimates import Estimates
@@ -34,6 +34,7 @@ class CalibratedCosts:
         self.finished: Dict[int, Deque[int]] = {}  # chunk -> tokens of its groups done, in completion order
         self.train_device_s = 0.0
         self.switches = 0
+        self.window = [0, 0]  # response tokens, samples trained since the last measured_mean_response()
 
     def make_instance(self) -> Instance:
         return make_instance(self.perf, self.workload)
@@ -57,9 +58,22 @@ class CalibratedCosts:
         """Device-seconds of gradient work for a batch (useful work: communication excluded). The cluster
         takes a chunk's completed groups in the order they completed, so they are popped in that order."""
         tokens = sum(self.finished[c.index].popleft() for c, groups in batch for _ in range(groups))
+        samples = sum(groups for _, groups in batch) * self.G
+        self.window[0] += tokens - samples * self.workload.prompt_tokens
+        self.window[1] += samples
         work = self.perf.train_compute_seconds(tokens)
         self.train_device_s += work
         return work
+
+    def measured_mean_response(self) -> Optional[float]:
+        """Mean response length of the samples trained since the last call (what a running job measures)."""
+        tokens, samples = self.window
+        self.window = [0, 0]
+        return tokens / samples if samples else None
+
+    def adopt(self, device: int) -> float:
+        """A device joining the train pool for good receives the primary's training state."""
+        return self.perf.train_state_seconds()
 
     def allreduce(self, devices: int) -> float:
         return self.perf.allreduce_seconds(devices)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.perf.analytic import HARDWARE, MODELS, PerfModel
@@ -13,6 +13,7 @@ from bidirl.perf.model import PerformanceModel
 from bidirl.perf.workload import Workload, preset
 from bidirl.sched.assembly import DriverCapabilities, assemble
 from bidirl.sched.cluster import Cluster
+from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 from bidirl.sched.trace import pool_idle_ratio, time_breakdown
 from bidirl.sim.costs import CalibratedCosts, estimates, make_instance, step_bound
 from bidirl.sim.simulator import Simulator
@@ -75,9 +76,14 @@ def sim_workload(cfg: PipelineConfig) -> Workload:
 
 
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
-             rollout_devices: Optional[int] = None, keep_trace: bool = False, with_bound: bool = True) -> SimResult:
+             rollout_devices: Optional[int] = None, keep_trace: bool = False, with_bound: bool = True,
+             workload: Optional[Workload] = None, replan: Optional[Callable[[float], int]] = None,
+             replan_every: int = 10) -> SimResult:
+    """``policy_name`` on the configured cluster (or on ``workload``). With ``replan`` (mean response
+    length -> rollout devices, e.g. the planner), the partition is re-planned every ``replan_every``
+    steps on the lengths measured so far (:class:`~bidirl.sched.replanning.LengthReplanner`)."""
     start = time.perf_counter()
-    perf, workload = perf_model(cfg), sim_workload(cfg)
+    perf, workload = perf_model(cfg), workload or sim_workload(cfg)
     shape = cfg.run_shape()
     if eta is not None:
         shape = dataclasses.replace(shape, staleness=eta)
@@ -89,8 +95,11 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
     capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
     simulator_can = DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
-                                       inflight_groups=capacity_groups)
-    run = assemble(policy_name, shape, simulator_can, est)
+                                       inflight_groups=capacity_groups, rehomes=True)
+    costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
+    replanner = (LengthReplanner(replan_every, lambda: costs.measured_mean_response(), replan) if replan
+                 else NO_REPLANNING)
+    run = assemble(policy_name, shape, simulator_can, est, replanner)
     policy, cluster = run.policy, run.cluster
     costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s)
     simulator = Simulator(cluster, policy, costs)

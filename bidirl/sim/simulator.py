@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Chunk, Cluster
 from bidirl.sched.estimates import StepProgress
-from bidirl.sched.roles import DeviceState
+from bidirl.sched.roles import DeviceState, Role
 
 
 class CostModel(Protocol):
@@ -48,6 +48,8 @@ class CostModel(Protocol):
     def load(self, device: int) -> float: ...
 
     def switch(self, device: int, to: str = "") -> float: ...
+
+    def adopt(self, device: int) -> float: ...
 
 
 @dataclass
@@ -79,6 +81,9 @@ class FixedCosts:
         return self.switch_s
 
     def switch(self, device: int, to: str = "") -> float:
+        return self.switch_s
+
+    def adopt(self, device: int) -> float:
         return self.switch_s
 
 
@@ -192,7 +197,7 @@ class Simulator:
         pass  # loads and switches start when the device enters SYNCING / SWITCHING (start_transitions)
 
     START = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync,
-             ev.Load: _on_transition, ev.Switch: _on_transition}
+             ev.Load: _on_transition, ev.Switch: _on_transition, ev.Rehome: _on_transition}
 
     def start_transitions(self, now: float) -> None:
         """Loads and switches start when a device enters SYNCING / SWITCHING (at once or after draining).
@@ -206,7 +211,10 @@ class Simulator:
             key = (device.index, device.state)
             if device.state is DeviceState.SWITCHING and key not in self.scheduled:
                 self.scheduled.add(key)
-                self.push(now + self.costs.switch(device.index, device.role.value), ev.SwitchDone(device.index, device.role))
+                seconds = self.costs.switch(device.index, device.role.value)
+                if device.index in self.cluster.rehoming and device.role is Role.TRAIN:
+                    seconds += self.costs.adopt(device.index)  # a new replica: the primary's training state
+                self.push(now + seconds, ev.SwitchDone(device.index, device.role))
             elif device.state is DeviceState.SYNCING and key not in self.scheduled:
                 self.scheduled.add(key)
                 seconds = self.costs.load(device.index)
