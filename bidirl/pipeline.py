@@ -148,11 +148,24 @@ def run_stages(cfg: PipelineConfig, stages) -> RunDir:
     return run_pipeline(dataclasses.replace(cfg, stages=list(stages)))
 
 
+def preflight(cfg: PipelineConfig) -> None:
+    """What the stages would reject, checked before anything is written: the profile file, the plan."""
+    if cfg.sim.profile:
+        if not Path(cfg.sim.profile).is_file():
+            raise BidirlError(f"sim.profile={cfg.sim.profile}: no such file (run `bidirl profile` first)")
+        from bidirl.perf.fitted import load_profile
+
+        load_profile(cfg.sim.profile)
+    if "plan" in cfg.stages and "profile" not in cfg.stages[: cfg.stages.index("plan")]:
+        from bidirl.planner import preflight as plan_preflight
+
+        plan_preflight(cfg, cfg.launch.mode)
+
+
 def run_pipeline(cfg: PipelineConfig) -> RunDir:
     check_stages_built(cfg)
     prepare_process(cfg.cluster.device_type)
-    if cfg.sim.profile and not Path(cfg.sim.profile).is_file():
-        raise BidirlError(f"sim.profile={cfg.sim.profile}: no such file (run `bidirl profile` first)")
+    preflight(cfg)  # bad input fails here, before the run directory exists
     run = RunDir(cfg)
     say(f"run directory: {run.path}")
     state: State = {"summary": {"stages": list(cfg.stages)}, "cfg": cfg}

@@ -19,7 +19,7 @@ same batch per device: the split and the throughput scale with the cluster (what
 is the all-reduce's ring term, 2(n-1)/n, which grows by under 2% from 64 to 1024 devices).
 ``experiments/planner/quality.py`` checks the choice against exhaustive search.
 
-Memory: a partition must fit -- the rollout engine's weights plus a KV cache on every rollout device,
+Memory: a partition must fit -- the rollout engine's weights leaving at least 10% of HBM for a KV cache on every rollout device,
 and the training state (16 bytes per parameter) sharded over the train pool on every train device
 (:func:`fits_memory`, analytic models; a profiled CPU has no such limit here).
 
@@ -86,7 +86,7 @@ def describe_model(cfg: PipelineConfig) -> str:
 
 
 def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
-    """Rollout devices: the engine's bf16 weights and room for a KV cache. Train devices: the training
+    """Rollout devices: the engine's bf16 weights leave at least 10% of HBM for a KV cache. Train devices: the training
     state (16 bytes per parameter: bf16 weights and gradients, fp32 master weights and two AdamW
     moments) sharded over the train pool, FSDP/ZeRO-3 style; 10% of HBM is left for activations."""
     if not isinstance(perf, PerfModel):
@@ -99,13 +99,12 @@ def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
 
 
 def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON,
-         workload: Optional[Workload] = None) -> Plan:
+         workload: Optional[Workload] = None, check_memory: bool = True) -> Plan:
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
     ``workload``: lengths measured by a running job); impossible settings are BidirlError."""
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
-    if policy not in POLICIES:
-        raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
+    legal = preflight(cfg, policy, check_memory)
     short = planning_config(cfg, horizon)
     steps = short.train.steps
     devices = cfg.cluster.devices
@@ -115,12 +114,8 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
         only = Candidate(0, result.samples_per_s, result.step_s, result.time_breakdown)
         return _plan(cfg, policy, only, [only], "colocated policy: every device generates, then trains",
                      steps, 1, start)
-    legal = [x for x in range(1, devices) if fits_memory(perf, x, devices)]
-    if not legal:
-        raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
-                          f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
     if devices > REPLICA:
-        return _plan_on_replica(cfg, policy, legal, start, workload)
+        return _plan_on_replica(cfg, policy, legal, start, workload, horizon)
     est = estimates(perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, devices,
                     cfg.sim.switch_s or perf.switch_seconds(), cfg.launch.chunk_groups)
     balance = balanced_split(devices, est, cfg.train.prompts_per_step) if devices > 1 else 1
@@ -144,6 +139,25 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
 
 
+def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:
+    """The checks a plan can fail without simulating anything (one BidirlError line each); returns the
+    splits that fit memory (empty for a colocated policy). Run before any output exists."""
+    if policy not in POLICIES:
+        raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
+    devices = cfg.cluster.devices
+    if POLICIES[policy].synchronous:
+        return []
+    if devices < 2:
+        raise BidirlError(f"policy '{policy}' needs a rollout and a train pool: cluster.devices={devices} is too few "
+                          "(use 2 or more, or a colocated policy such as launch.mode=sync)")
+    perf = perf_model(cfg)
+    legal = [x for x in range(1, devices) if not check_memory or fits_memory(perf, x, devices)]
+    if not legal:
+        raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
+                          f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
+    return legal
+
+
 def planning_config(cfg: PipelineConfig, horizon: int = HORIZON) -> PipelineConfig:
     """``cfg`` cut to the planner's horizon: what every candidate split is simulated on."""
     samples_per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
@@ -158,19 +172,21 @@ def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload
 
 
 def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: float,
-                     workload: Optional[Workload]) -> Plan:
+                     workload: Optional[Workload], horizon: int) -> Plan:
+    """Memory is checked on the full cluster (``legal``), not on the replica, whose pools are smaller."""
     devices, factor = cfg.cluster.devices, cfg.cluster.devices / REPLICA
     replica = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, devices=REPLICA), train=dataclasses.replace(
         cfg.train, prompts_per_step=max(1, round(cfg.train.prompts_per_step / factor))))
-    small = plan(replica, policy, workload=workload)
+    small = plan(replica, policy, horizon, workload, check_memory=False)
     scaled = [Candidate(min(legal, key=lambda x: abs(x - a["rollout_devices"] * factor)), a["samples_per_s"] * factor,
                         a["step_s"]) for a in small.alternatives]
-    chosen = next(c for c, a in zip(scaled, small.alternatives) if a["rollout_devices"] == small.rollout_devices)
-    chosen.time_breakdown = small.predicted_time_breakdown
+    chosen = Candidate(min(legal, key=lambda x: abs(x - small.rollout_devices * factor)),
+                       small.predicted_samples_per_s * factor, small.predicted_step_s, small.predicted_time_breakdown)
+    scaled = [c for c in scaled if c.rollout_devices != chosen.rollout_devices]
     reason = (f"{chosen.rollout_devices}/{devices - chosen.rollout_devices}: the best split of a {REPLICA}-device replica "
               f"with the same batch per device, scaled by {factor:g} (predicted throughput scaled likewise); "
               f"replica: {small.reason}")
-    return _plan(cfg, policy, chosen, [chosen] + [c for c in scaled if c is not chosen], reason, small.horizon_steps,
+    return _plan(cfg, policy, chosen, scaled, reason, small.horizon_steps,
                  small.simulated_splits, start)
 
 
@@ -196,6 +212,7 @@ def search(legal: List[int], balance: int, score: Callable[[int], float]) -> int
 
 def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, steps: int, simulated: int,
           start: float) -> Plan:
+    ranked = [chosen] + [c for c in ranked if c.rollout_devices != chosen.rollout_devices]
     alternatives = [{"rollout_devices": c.rollout_devices, "samples_per_s": round(c.samples_per_s, 4),
                      "step_s": round(c.step_s, 4)} for c in ranked[:5]]
     return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
@@ -236,7 +253,10 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
         say("cluster.rollout_devices=0 and no sim.profile: the policy's default split (run `bidirl profile` and "
             "pass sim.profile=.../profile.json to let the planner choose)")
         return []
-    chosen = plan(cfg).rollout_devices
+    try:
+        chosen = plan(cfg).rollout_devices
+    except (ValueError, RuntimeError) as exc:  # an impossible setting: one line, before any process starts
+        raise BidirlError(f"plan: {exc}") from None
     say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "
         f"({describe_model(cfg)})")
     return [f"cluster.rollout_devices={chosen}"]
@@ -295,7 +315,12 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     for key in ("devices", "rollout_devices"):
         if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 0:
             raise BidirlError(f"{path}: key '{key}' must be a whole number >= 0")
-    if data["devices"] != cfg.cluster.devices or data["rollout_devices"] >= data["devices"]:
+    if data["rollout_devices"] >= data["devices"]:
+        raise BidirlError(f"{path}: key 'rollout_devices' ({data['rollout_devices']}) must be below 'devices' "
+                          f"({data['devices']}); plan again with `bidirl plan`")
+    if data["policy"] not in POLICIES:
+        raise BidirlError(f"{path}: key 'policy' names no known policy ({data['policy']!r}); plan again with `bidirl plan`")
+    if data["devices"] != cfg.cluster.devices:
         raise BidirlError(f"{path}: planned for {data['devices']} devices ({data['rollout_devices']} rollout) but the "
                           f"pipeline has cluster.devices={cfg.cluster.devices}; plan again with `bidirl plan`")
     return Plan(**{n: data[n] for n in names})

@@ -8,7 +8,9 @@ sampling settings (one thread, as each live device worker runs):
 * the task's own response lengths (a normal sampled rollout), fitted as a log-normal workload;
 * training: one optimizer step on batches of increasing token counts;
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
-* switches: into rollout (loads weights into the engine) and into training.
+* switches, as the live worker does them: into rollout it reloads the weights into the engine (the
+  same work as a load, so the same figure), into training it looks up a process group built at
+  start-up (nothing to measure: recorded as ~0).
 
 Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and ``profile.png``
 (points against the fitted curves). ``bidirl plan`` and ``bidirl simulate`` (``sim.profile``) use it.

@@ -204,3 +204,38 @@ def test_the_planner_replans_on_measured_lengths_and_the_live_runtime_refuses_wh
     assert 0 < choose(400.0) < 8
     with pytest.raises(ValueError, match="simulated only"):
         assemble("areal", cfg.run_shape(), LIVE, replanner=lambda cluster: None)
+
+
+def test_replanning_toward_fewer_rollout_devices_drains_them_and_new_trainers_hold_the_primarys_version():
+    cfg = small("sim.workload=gsm8k", "train.steps=10", "algorithm.staleness=1", "train.prompts_per_step=32")
+    result = simulate(cfg, "areal", rollout_devices=6, keep_trace=True, replan=lambda mean: 2, replan_every=2)
+    cluster = result.cluster
+    moved = [device for _, device, home in cluster.rehomes if home == "train"]
+    assert len(moved) == 4 and not cluster.leaving and sum(d.home.value == "rollout" for d in cluster.devices) == 2
+    assert cluster.trained_groups == 10 * 32 and max(result.staleness) <= 1
+    for device in moved:  # from its rehome on, a new trainer trains every step with the current weights
+        arrived = next(r for r in cluster.trace if r["device"] == device and r["home"] == "train"
+                       and r["from"] == "switching")
+        assert arrived["version"] == max(r["version"] for r in cluster.trace if r["t"] <= arrived["t"]
+                                         and r["device"] == cluster.primary)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("cluster.devices=1", "needs a rollout and a train pool"),
+    ("sim.model=32B", "does not fit"),
+])
+def test_an_impossible_plan_is_one_line_and_leaves_no_run_directory(tmp_path, override, message):
+    args = [BIDIRL, "plan", "pipelines/sim-32gpu.yaml", *SMALL, "sim.hardware=H20", override, f"output_dir={tmp_path}/out"]
+    if override == "sim.model=32B":
+        args.append("cluster.devices=2")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_profile_given_to_plan_is_one_line_and_leaves_no_run_directory(tmp_path):
+    (tmp_path / "profile.json").write_text(json.dumps({**json.loads(synthetic_profile().to_json()), "capacity": 0}))
+    result = subprocess.run([BIDIRL, "plan", "pipelines/sim-32gpu.yaml", *SMALL, f"output_dir={tmp_path}/out",
+                             "--profile", str(tmp_path / "profile.json")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "key 'capacity' must be a positive integer" in result.stderr
+    assert not (tmp_path / "out").exists()

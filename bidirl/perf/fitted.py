@@ -76,9 +76,13 @@ class FittedModel:
     def max_concurrency(self, context: float) -> int:
         return self.profile.capacity
 
+    def __repr__(self) -> str:  # a stable key for the simulator's memoised bound
+        return f"FittedModel({self.profile.device}, {self.profile.meta.get('measured', '')}, {self.a}, {self.per_token})"
+
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
-        # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass
-        return self.train_fixed + self.per_token * tokens
+        # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass;
+        # a noisy fit never gives a negative time
+        return max(0.0, self.train_fixed + self.per_token * tokens)
 
     def allreduce_seconds(self, devices: int) -> float:
         return 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.profile.weights["publish_s"]
@@ -173,6 +177,8 @@ def load_profile(path: str | Path) -> Profile:
         if workload is not None:
             workload = _numbers(data, "workload", ("prompt_tokens", "mean_tokens", "cap", "prompt_sigma", "sample_sigma"))
             workload["prompt_tokens"], workload["cap"] = int(workload["prompt_tokens"]), int(workload["cap"])
+            if workload["mean_tokens"] <= 0 or workload["cap"] < 1:
+                raise _Bad("workload.mean_tokens", "above 0 (and workload.cap at least 1)")
     except KeyError as exc:
         raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
     except _Bad as exc:
@@ -209,4 +215,9 @@ def _fit(data: Dict[str, Any], section: str, keys: Sequence[str]) -> Fit:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise _Bad(f"{section}.coefficients.{key}", "a finite number")
         coefficients[key] = float(value)
-    return Fit(coefficients, float(block.get("error", 0.0)), list(block.get("points", [])))
+    error, points = block.get("error", 0.0), block.get("points", [])
+    if isinstance(error, bool) or not isinstance(error, (int, float)):
+        raise _Bad(f"{section}.error", "a number")
+    if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+        raise _Bad(f"{section}.points", "a list of mappings")
+    return Fit(coefficients, float(error), points)

@@ -63,7 +63,8 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     if not candidates:
         return
     # devices serving rollout now or soon count: switching in, or at home in the rollout pool but lent out
-    serving = [d for d in cluster.devices if d.role is Role.ROLLOUT or d.home is Role.ROLLOUT]
+    serving = [d for d in cluster.devices if (d.role is Role.ROLLOUT or d.home is Role.ROLLOUT)
+               and d.index not in cluster.leaving]  # a device leaving for the train pool takes no more
     outstanding = newest_limit - cluster.admitted + sum(cluster.inflight[d.index] for d in serving)
     share = -(-outstanding // len(serving))
     heap = [(cluster.inflight[d.index], d.index) for d in candidates if cluster.inflight[d.index] < share]
