@@ -139,7 +139,10 @@ def fit_line(points: List[Dict[str, float]], x: str, y: str, names: Tuple[str, s
 
 
 def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: int) -> Dict[str, float]:
-    """Log-normal fit of response lengths: between-group and within-group spread, as the presets have."""
+    """Log-normal fit of response lengths: between-group and within-group spread, as the presets have.
+
+    The mean is of the lengths as generated, after the cap; a preset's ``mean_tokens`` is before it, so
+    where many samples hit the cap the fitted workload is a little shorter than the real one."""
     logs = [[math.log(max(1, n)) for n in group] for group in lengths_by_group if group]
     means = [sum(g) / len(g) for g in logs]
     grand = sum(means) / len(means)

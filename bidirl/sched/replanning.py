@@ -15,7 +15,9 @@ A :class:`Replanner` is asked after every optimizer step for the rollout-pool si
 
 :class:`LengthReplanner` is the measured-lengths trigger: every ``every`` steps it hands the mean
 response length measured since the last re-plan to ``choose`` -- the planner, supplied by the layer
-above (the scheduling core never imports it) -- and caches its answers per 5% band of length.
+above (the scheduling core never imports it) -- and caches its answers per 5% band of length. The
+measured mean is after the length cap, the planner's workload mean before it: where many samples hit
+the cap, the planner is asked about slightly shorter responses than the real ones.
 """
 
 from __future__ import annotations
