@@ -36,6 +36,7 @@ bench: $(STAMP)
 	.venv/bin/pytest -q -m slow
 	$(PY) experiments/sim_validation/validate.py
 	$(PY) experiments/sim_validation/speed.py
+	$(PY) experiments/planner/quality.py --speed
 
 clean:
 	rm -rf .venv runs .cache

@@ -56,10 +56,10 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     from bidirl.prompts import PromptBuilder
     from bidirl.reward import numeric_reward
 
+    model = prepare_model(cfg)  # before the thread change: a base model is built as `bidirl run` builds it
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a live device worker runs
     try:
-        model = prepare_model(cfg)
         rollout = build_rollout_engine(cfg, model.path)
         trainer = build_train_engine(cfg, model.path)
         prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
