@@ -9,7 +9,7 @@ Search (pruned, not all n - 1 splits): candidates are simulated on a short horiz
 ``HORIZON`` steps, fewer for very large batches so a candidate costs at most ``SAMPLE_BUDGET``
 simulated samples). First a coarse grid of about ``GRID`` evenly spaced splits plus the analytic
 balance point of the estimated stage times (``balanced_split``); then a bisection inside the bracket
-of the best grid point's neighbours (throughput against split rises to one plateau and falls: each
+one grid step either side of the best grid point (throughput against split rises to one plateau and falls: each
 round simulates the midpoints on either side of the best so far and halves the bracket). Among
 splits within ``TIE`` of the best score the one closest to the balance point wins: its residual
 imbalance is the smallest in whole devices, which is what borrowed devices absorb.
@@ -195,8 +195,9 @@ def search(legal: List[int], balance: int, score: Callable[[int], float]) -> int
     step = max(1, len(legal) // GRID)
     grid = sorted({*legal[::step], legal[-1], min(legal, key=lambda x: abs(x - balance))})
     best = max(grid, key=score)
-    i = grid.index(best)
-    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    # the bracket is one grid step either side (the balance point, also scored, does not narrow it: on a
+    # noisy plateau the best split can lie beyond it)
+    lo, hi = best - step, best + step
     while True:
         inside = [x for x in legal if lo < x < hi]
         left = [x for x in inside if x < best]
