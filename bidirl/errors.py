@@ -5,6 +5,10 @@ is raised as a :class:`BidirlError` whose message is one line naming the culprit
 line and exits with ``exit_code``; only ``--debug`` shows a traceback.
 """
 
+import json
+from pathlib import Path
+from typing import Any, Dict
+
 
 class BidirlError(Exception):
     """An error caused by the user's input: printed as one line, exit code 2."""
@@ -20,3 +24,17 @@ class NotBuiltYet(BidirlError):
     """A stage or command that a later issue implements; says so instead of pretending."""
 
     exit_code = 3
+
+
+def read_json_document(path: Path, schema: str, kind: str, remedy: str) -> Dict[str, Any]:
+    """A JSON file that bidirl wrote (``{"schema": schema, ...}``), or one line naming the file and
+    ``remedy`` (what to run to write it again); ``kind`` is the file's usual name."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BidirlError(f"{path}: {kind} not found ({remedy})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BidirlError(f"{path}: not a readable {kind} ({type(exc).__name__}); {remedy}") from None
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        raise BidirlError(f"{path}: 'schema' must be {schema!r}; this file was not written by bidirl ({remedy})")
+    return data

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig
-from bidirl.errors import BidirlError
+from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.workload import Workload
 from bidirl.sched.estimates import balanced_split
@@ -301,14 +301,7 @@ def write_plan(result: Plan, out: Path) -> Path:
 def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     """A validated plan that still fits the pipeline; otherwise one line naming the file and the key."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BidirlError(f"{path}: plan not found (run `bidirl plan PIPELINE`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BidirlError(f"{path}: not a readable plan.json ({type(exc).__name__}); plan again with `bidirl plan`") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise BidirlError(f"{path}: 'schema' must be {SCHEMA!r}; this file was not written by `bidirl plan`")
+    data = read_json_document(path, SCHEMA, "plan.json", "plan again with `bidirl plan PIPELINE`")
     names = [f.name for f in dataclasses.fields(Plan)]
     missing = [n for n in names if n not in data]
     if missing:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.errors import BidirlError
+from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.workload import Workload
 
 SCHEMA = "bidirl.profile/1"
@@ -159,15 +159,7 @@ def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: i
 def load_profile(path: str | Path) -> Profile:
     """A validated profile; a bad file is one BidirlError naming the file and what is wrong."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BidirlError(f"{path}: profile not found (run `bidirl profile PIPELINE` to measure one)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BidirlError(f"{path}: not a readable profile.json ({type(exc).__name__}); measure it again "
-                          "with `bidirl profile`") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise BidirlError(f"{path}: 'schema' must be {SCHEMA!r}; this file was not written by `bidirl profile`")
+    data = read_json_document(path, SCHEMA, "profile.json", "measure one with `bidirl profile PIPELINE`")
     try:
         fits = {name: _fit(data, name, keys) for name, keys in
                 (("decode", ("a", "b", "c")), ("prefill", ("per_token",)), ("train", ("fixed_s", "per_token_s")))}
