@@ -47,7 +47,7 @@ def main(argv) -> None:
             for _, _, home in result.cluster.rehomes:
                 rollout += 1 if home == "rollout" else -1
                 path.append(str(rollout))
-            paths.append("->".join(dict.fromkeys(path)) if len(path) > 1 else str(split))
+            paths.append("->".join(p for i, p in enumerate(path) if i == 0 or p != path[i - 1]))
         s, r = statistics.mean(static), statistics.mean(replanned)
         print(f"| {policy} | {split}/{32 - split} | {s:.2f} | {r:.2f} | {r / s:.3f} "
               f"[{min(b / a for a, b in zip(static, replanned)):.3f}-{max(b / a for a, b in zip(static, replanned)):.3f}] | "
