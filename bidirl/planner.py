@@ -118,7 +118,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
         return _plan_on_replica(cfg, policy, legal, start, workload, horizon)
     est = estimates(perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, devices,
                     cfg.sim.switch_s or perf.switch_seconds(), cfg.launch.chunk_groups)
-    balance = balanced_split(devices, est, cfg.train.prompts_per_step) if devices > 1 else 1
+    balance = balanced_split(devices, est, cfg.train.prompts_per_step)  # preflight: devices >= 2
     scored: Dict[int, Candidate] = {}
 
     def score(x: int) -> float:
@@ -182,7 +182,6 @@ def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: 
                         a["step_s"]) for a in small.alternatives]
     chosen = Candidate(min(legal, key=lambda x: abs(x - small.rollout_devices * factor)),
                        small.predicted_samples_per_s * factor, small.predicted_step_s, small.predicted_time_breakdown)
-    scaled = [c for c in scaled if c.rollout_devices != chosen.rollout_devices]
     reason = (f"{chosen.rollout_devices}/{devices - chosen.rollout_devices}: the best split of a {REPLICA}-device replica "
               f"with the same batch per device, scaled by {factor:g} (predicted throughput scaled likewise); "
               f"replica: {small.reason}")
@@ -233,11 +232,16 @@ def replanner(cfg: PipelineConfig, policy: Optional[str] = None) -> Callable[[fl
     return choose
 
 
+def needs_planning(cfg: PipelineConfig, policy: str) -> bool:
+    """``cluster.rollout_devices: 0`` with a policy that has a partition on two or more devices."""
+    return not (cfg.cluster.rollout_devices or POLICIES[policy].synchronous or cfg.cluster.devices < 2)
+
+
 def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> PipelineConfig:
     """``cluster.rollout_devices: 0`` means "ask the planner": the config with the planned split filled in
     (unchanged for colocated policies and for a split the user chose)."""
     policy = policy or cfg.launch.mode
-    if cfg.cluster.rollout_devices or POLICIES[policy].synchronous or cfg.cluster.devices < 2:
+    if not needs_planning(cfg, policy):
         return cfg
     chosen = plan(cfg, policy).rollout_devices
     return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, rollout_devices=chosen))
@@ -248,7 +252,7 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
     on a profile of its own devices (``sim.profile``); without one, the policy's default split is used."""
     from bidirl.ui import say
 
-    if cfg.cluster.rollout_devices or POLICIES[cfg.launch.mode].synchronous or cfg.cluster.devices < 2:
+    if not needs_planning(cfg, cfg.launch.mode):
         return []
     if not cfg.sim.profile and cfg.cluster.device_type == "cpu":
         say("cluster.rollout_devices=0 and no sim.profile: the policy's default split (run `bidirl profile` and "
