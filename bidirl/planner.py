@@ -34,16 +34,15 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.workload import Workload
-from bidirl.sched.estimates import balanced_split
+from bidirl.sched.estimates import Estimates, balanced_split
 from bidirl.sched.policy import POLICIES
-from bidirl.sim.costs import estimates
-from bidirl.sim.run import perf_model, sim_workload, simulate
+from bidirl.sim.run import model_estimates, perf_model, sim_workload, simulate
 
 SCHEMA = "bidirl.plan/1"
 TIE = 0.005  # splits within 0.5% of the best score are equally good
@@ -116,8 +115,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
                      steps, 1, start)
     if devices > REPLICA:
         return _plan_on_replica(cfg, policy, legal, start, workload, horizon)
-    est = estimates(perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, devices,
-                    cfg.sim.switch_s or perf.switch_seconds(), cfg.launch.chunk_groups)
+    est = model_estimates(cfg, perf, workload)
     balance = balanced_split(devices, est, cfg.train.prompts_per_step)  # preflight: devices >= 2
     scored: Dict[int, Candidate] = {}
 
@@ -265,6 +263,16 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
     say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "
         f"({describe_model(cfg)})")
     return [f"cluster.rollout_devices={chosen}"]
+
+
+def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
+    """For ``bidirl launch``: what the cost-aware policies believe before the run has measured
+    anything, and where that comes from -- the profile of these devices (``sim.profile``), or the
+    analytic model of ``sim.hardware``/``sim.model`` on an accelerator; none for a CPU without a profile
+    (no analytic model describes it), so such a run lends nothing until it has measured a chunk and a step."""
+    if not cfg.sim.profile and cfg.cluster.device_type == "cpu":
+        return None, "none (no sim.profile): measured as the run goes"
+    return model_estimates(cfg), describe_model(cfg)
 
 
 def planned_splits(cfg: PipelineConfig, policies: List[str]) -> Dict[str, int]:

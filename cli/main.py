@@ -100,12 +100,13 @@ def launch(
     from bidirl.runtime.launch import Topology, launch as start
 
     def action() -> None:
-        from bidirl.planner import live_partition
+        from bidirl.planner import live_partition, live_prior
 
         chosen = list(overrides or [])
         chosen += live_partition(_config(pipeline, chosen))  # cluster.rollout_devices=0: the planner's split
-        code = start(str(pipeline), chosen, _config(pipeline, chosen),
-                     Topology(nnodes, node_rank, nproc_per_node, rdzv_endpoint))
+        cfg = _config(pipeline, chosen)
+        code = start(str(pipeline), chosen, cfg, Topology(nnodes, node_rank, nproc_per_node, rdzv_endpoint),
+                     prior=live_prior(cfg))
         if code:
             raise typer.Exit(code)
 

@@ -239,3 +239,19 @@ def test_a_corrupt_profile_given_to_plan_is_one_line_and_leaves_no_run_directory
                              "--profile", str(tmp_path / "profile.json")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "key 'capacity' must be a positive integer" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_live_run_starts_its_cost_estimates_from_the_profile_of_its_devices(tmp_path, monkeypatch):
+    from bidirl.planner import live_prior
+    from bidirl.runtime.launch import PRIOR_VARIABLE, encode_prior, prior_from_environment
+
+    cpu = ["cluster.device_type=cpu", "cluster.devices=2", "train.prompts_per_step=16", "launch.chunk_groups=4"]
+    assert live_prior(small(*cpu)) == (None, "none (no sim.profile): measured as the run goes")
+    (tmp_path / "profile.json").write_text(synthetic_profile().to_json())
+    prior, source = live_prior(small(*cpu, f"sim.profile={tmp_path / 'profile.json'}"))
+    assert prior.measured and prior.switch_s == pytest.approx(0.02) and "profile" in source
+    assert prior.train_batch_s == pytest.approx(0.05 + 2e-4 * 16 * 4 * (9 + 3.5), rel=0.2)  # B*G*(prompt+response) tokens
+    monkeypatch.setenv(PRIOR_VARIABLE, encode_prior((prior, source)))
+    assert prior_from_environment() == (prior, source)  # what the controller receives
+    monkeypatch.delenv(PRIOR_VARIABLE)
+    assert prior_from_environment() == (None, "none")

@@ -156,6 +156,22 @@ def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tm
     assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # lent devices generated with the newest weights
 
 
+def test_bidirl_started_from_a_profile_lends_before_it_has_measured_anything(tmp_path):
+    from tests.test_planner import synthetic_profile
+
+    (tmp_path / "profile.json").write_text(synthetic_profile().to_json())
+    root = successful_run(tmp_path, "cluster.devices=2", "cluster.rollout_devices=1", "launch.mode=bidirl",
+                          "algorithm.staleness=0", "train.prompts_per_step=32", "train.steps=2",
+                          f"sim.profile={tmp_path / 'profile.json'}")
+    estimates = json.loads((root / "summary.json").read_text())["estimates"]
+    assert "profile" in estimates["prior_source"] and estimates["prior"]["train_batch_s"] > 0
+    assert "train_batch_s" in estimates["measured"] and estimates["final"] != estimates["prior"]
+    trace = read_jsonl(root / "trace.jsonl")
+    first_chunk_done = min(r["t"] for r in trace if r["reason"].endswith(" done") and r["reason"].startswith("chunk"))
+    lent = [r for r in trace if r["to"] == "switching" and r["home"] == "train" and r["role"] == "rollout"]
+    assert lent[0]["t"] < first_chunk_done  # the idle trainer was lent on the prior's figures, not on measured ones
+
+
 def test_a_fractional_staleness_bound_is_refused_by_version_bounded_policies_before_launch(tmp_path):
     result = launch(tmp_path, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -215,6 +215,29 @@ def test_bidirl_lends_nothing_before_it_has_measured_any_cost():
     assert not cluster.leases and cluster.version == 4
 
 
+def test_measured_estimates_start_from_a_prior_and_each_first_measurement_replaces_it():
+    from bidirl.sched.estimates import Estimates, MeasuredEstimates
+
+    prior = Estimates(generate_group_s=0.2, train_batch_s=4.0, switch_s=0.1, grad_transfer_s=0.05, chunk_s=1.6)
+    measured = MeasuredEstimates(weight=0.5, prior=prior)
+    assert measured.current() == prior and measured.current().measured
+    measured.chunk(seconds=2.0, groups=4)
+    assert (measured.current().generate_group_s, measured.current().chunk_s) == (0.5, 2.0)  # the run beats the model
+    assert measured.current().train_batch_s == 4.0  # not measured yet: still the prior
+    measured.chunk(seconds=4.0, groups=4)
+    assert measured.current().generate_group_s == 0.75
+
+
+def test_bidirl_lends_from_the_first_step_when_it_starts_from_a_prior():
+    from bidirl.sched.estimates import Estimates, MeasuredEstimates
+
+    prior = Estimates(generate_group_s=0.1, train_batch_s=1.6, switch_s=0.0, chunk_s=0.4)
+    policy = build_policy("bidirl", MeasuredEstimates(prior=prior), 8)
+    cluster = Cluster(policy.homes(2, 1), 8, 0, 4, 4, allows_join=False)
+    Simulator(cluster, policy, FixedCosts(generate_per_group=0.1, train_step=1.6)).run()
+    assert cluster.leases and cluster.leases[0].start < 1.6 and cluster.version == 4
+
+
 def test_the_scheduling_core_never_imports_torch():
     code = ("import sys, bidirl.sched.policies, bidirl.sched.trace, bidirl.sim.simulator; "
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -25,8 +25,9 @@ started with, and the staleness bound counts it so.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -37,15 +38,18 @@ from bidirl.runtime.batches import RolloutData
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import LIVE, assemble
-from bidirl.sched.estimates import MeasuredEstimates
+from bidirl.sched.estimates import NO_ESTIMATES, Estimates, MeasuredEstimates
 from bidirl.sched.trace import median
 from bidirl.ui import progress_bar, say
 
 
 class Controller:
-    def __init__(self, cfg: PipelineConfig, mailbox: Any, run: RunDir, devices: int, tokenizer: Any):
+    def __init__(self, cfg: PipelineConfig, mailbox: Any, run: RunDir, devices: int, tokenizer: Any,
+                 prior: Tuple[Optional[Estimates], str] = (None, "none")):
         self.cfg, self.mailbox, self.devices = cfg, mailbox, devices
-        self.measured = MeasuredEstimates()  # what this run measures, for the cost-aware policies
+        # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
+        self.prior, self.prior_source = prior
+        self.measured = MeasuredEstimates(prior=self.prior or NO_ESTIMATES)
         assembly = assemble(cfg.launch.mode, cfg.run_shape(), LIVE, self.measured)
         self.policy, self.cluster = assembly.policy, assembly.cluster
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path)))
@@ -66,6 +70,7 @@ class Controller:
             say(f"{self.devices} devices ready (start-up median {median(r.startup_s for r in ready):.1f} s): "
                 f"homes {[d.home.value for d in self.cluster.devices]}, policy {self.policy.label}, "
                 f"eta={self.cluster.eta:g}")
+            say(f"cost estimates start from: {self.prior_source}")
             self.report.start()
             self.dispatch(ev.Started())
             with progress_bar(f"GRPO ({self.policy.label})", self.cfg.train.steps, self.cfg.logging.progress) as bar:
@@ -81,7 +86,8 @@ class Controller:
                                   msg.CheckpointSaved)
             curve = self.evaluate()
             summary = {**self.report.summary(self.cluster, self.policy.label, rl_seconds, curve),
-                       "checkpoint": checkpoint.path, "final_version": self.cluster.version}
+                       "checkpoint": checkpoint.path, "final_version": self.cluster.version,
+                       "estimates": self.estimates_summary()}
         finally:
             self.stop_workers()
         return summary
@@ -196,6 +202,12 @@ class Controller:
         say(f"evaluating {len(self.report.snapshots)} weight snapshots on device 0")
         reply = self.ask(0, msg.EvaluateSnapshots(tuple(self.report.snapshots)), msg.Evaluated)
         return self.report.curve(reply.results)
+
+    def estimates_summary(self) -> Dict[str, Any]:
+        """The cost estimates the policy started from and those it ended with (what the run measured)."""
+        rounded = lambda e: {k: round(v, 4) for k, v in dataclasses.asdict(e).items()}
+        return {"prior_source": self.prior_source, "prior": rounded(self.prior) if self.prior else None,
+                "final": rounded(self.measured.current()), "measured": sorted(self.measured.seen)}
 
     def stop_workers(self) -> None:
         for device in range(self.devices):

@@ -9,14 +9,18 @@ share the CPU cores.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import asdict, dataclass
+from typing import List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
+from bidirl.sched.estimates import Estimates
+
+PRIOR_VARIABLE = "BIDIRL_PRIOR_ESTIMATES"  # the controller's starting estimates, as JSON (see prior_from_environment)
 
 
 @dataclass
@@ -54,7 +58,10 @@ def check_plan(cfg: PipelineConfig) -> None:
                           "runtime reduces gradients itself over train pools that change at run time")
 
 
-def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology) -> int:
+def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology,
+           prior: Tuple[Optional[Estimates], str] = (None, "none")) -> int:
+    """Starts torchrun and waits for it. ``prior``: the cost estimates the controller starts from and
+    where they come from (the planner's :func:`~bidirl.planner.live_prior`)."""
     from bidirl.models.sources import prepare_model
     from bidirl.runtime_env import prepare_process
     from bidirl.ui import say
@@ -64,6 +71,18 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     model = prepare_model(cfg, report=say)
     env = {**os.environ, "BIDIRL_MODEL_PATH": model.path}
     env.setdefault("OMP_NUM_THREADS", "1")
+    env[PRIOR_VARIABLE] = encode_prior(prior)
     command = torchrun_command(cfg_path, overrides, cfg, topo)
     say("launching: " + " ".join(command[1:]))
     return subprocess.call(command, env=env)
+
+
+def encode_prior(prior: Tuple[Optional[Estimates], str]) -> str:
+    estimates, source = prior
+    return json.dumps({"source": source, "estimates": asdict(estimates) if estimates else None})
+
+
+def prior_from_environment() -> Tuple[Optional[Estimates], str]:
+    """In the controller: the starting estimates ``launch`` handed over (none when started otherwise)."""
+    handed = json.loads(os.environ.get(PRIOR_VARIABLE) or '{"source": "none", "estimates": null}')
+    return (Estimates(**handed["estimates"]) if handed["estimates"] else None), handed["source"]

@@ -58,12 +58,14 @@ def _control(cfg, mailbox, devices: int, model_path: str) -> int:
 
     from bidirl.rundir import RunDir
     from bidirl.runtime.controller import Controller
+    from bidirl.runtime.launch import prior_from_environment
     from bidirl.ui import say
 
     run = RunDir(cfg)
     say(f"run directory: {run.path}")
     try:
-        summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path)).run_all()
+        summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
+                             prior=prior_from_environment()).run_all()
     except BaseException:
         run.finish({"status": "failed"})
         raise

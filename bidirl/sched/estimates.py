@@ -6,8 +6,11 @@ decides; it never receives new numbers from outside. Providers:
 
 * :class:`Estimates` itself -- fixed numbers (the simulator's performance model: what a profiler
   would report);
-* :class:`MeasuredEstimates` -- moving averages of what a live run measures as it goes (zero until
-  measured, so a cost-aware policy lends nothing before it has measured a chunk and a step);
+* :class:`MeasuredEstimates` -- moving averages of what a live run measures as it goes, starting
+  from a *prior* (the performance model's estimates: a profile of the devices, or the analytic model)
+  so that a cost-aware policy can lend from the first step; each figure's first measurement replaces
+  its prior. Without a prior they are zero until measured, and a cost-aware policy lends nothing
+  before it has measured a chunk and a step;
 * :data:`NO_ESTIMATES` -- for policies that need none.
 """
 
@@ -44,18 +47,22 @@ class EstimatesProvider(Protocol):
 
 
 class MeasuredEstimates:
-    """Estimates from the live run itself (moving averages of what the workers report), for drivers
-    without a performance model. Until a chunk and a step have been measured they are zero, and the
-    cost-aware policies lend nothing."""
+    """Estimates from the live run itself: moving averages of what the workers report, starting from
+    ``prior`` (a performance model's figures, or zero). A figure's first measurement replaces its prior
+    outright -- the run's own devices, engines and lengths beat any model of them -- and later ones are
+    averaged in with ``weight``."""
 
-    def __init__(self, weight: float = 0.3):
-        self.weight = weight
-        self.values = {"generate_group_s": 0.0, "train_batch_s": 0.0, "switch_s": 0.0, "grad_transfer_s": 0.0,
-                       "chunk_s": 0.0}
+    NAMES = ("generate_group_s", "train_batch_s", "switch_s", "grad_transfer_s", "chunk_s")
+
+    def __init__(self, weight: float = 0.3, prior: Estimates = NO_ESTIMATES):
+        self.weight, self.prior = weight, prior
+        self.values = {name: getattr(prior, name) for name in self.NAMES}
+        self.seen: set = set()  # figures measured at least once
 
     def _observe(self, name: str, value: float) -> None:
         old = self.values[name]
-        self.values[name] = value if old == 0.0 else (1 - self.weight) * old + self.weight * value
+        self.values[name] = (1 - self.weight) * old + self.weight * value if name in self.seen else value
+        self.seen.add(name)
 
     def chunk(self, seconds: float, groups: int) -> None:
         self._observe("generate_group_s", seconds / groups)

@@ -13,6 +13,7 @@ from bidirl.perf.model import PerformanceModel
 from bidirl.perf.workload import Workload, preset
 from bidirl.sched.assembly import DriverCapabilities, assemble
 from bidirl.sched.cluster import Cluster
+from bidirl.sched.estimates import Estimates
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 from bidirl.sched.trace import pool_idle_ratio, time_breakdown
 from bidirl.sim.costs import CalibratedCosts, estimates, make_instance, step_bound
@@ -75,6 +76,17 @@ def sim_workload(cfg: PipelineConfig) -> Workload:
     return preset(cfg.sim.workload)
 
 
+def model_estimates(cfg: PipelineConfig, perf: Optional[PerformanceModel] = None,
+                    workload: Optional[Workload] = None) -> Estimates:
+    """What the cost-aware policies believe work costs, from the performance model of ``cfg`` (its
+    profile or its analytic hardware) on its workload: what the simulator's policies decide with, and
+    a live run's starting point before it has measured anything."""
+    perf, workload = perf or perf_model(cfg), workload or sim_workload(cfg)
+    shape = cfg.run_shape()
+    return estimates(perf, workload, cfg.rollout.group_size, shape.batch_groups, shape.devices,
+                     cfg.sim.switch_s or perf.switch_seconds(), shape.chunk_groups)
+
+
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
              rollout_devices: Optional[int] = None, keep_trace: bool = False, with_bound: bool = True,
              workload: Optional[Workload] = None, replan: Optional[Callable[[float], int]] = None,
@@ -91,7 +103,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
         shape = dataclasses.replace(shape, rollout_devices=rollout_devices)
     B, G, devices, steps = shape.batch_groups, cfg.rollout.group_size, shape.devices, shape.steps
     switch_s = cfg.sim.switch_s  # one figure for every policy whose devices switch (0: the model's)
-    est = estimates(perf, workload, G, B, devices, switch_s or perf.switch_seconds(), shape.chunk_groups)
+    est = model_estimates(cfg, perf, workload)
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
     capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
     simulator_can = DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
