@@ -144,7 +144,9 @@ class SimConfig:
     """The simulated cluster (``bidirl simulate``); sizes come from cluster/train/rollout/algorithm."""
 
     hardware: str = "H100"  # a name in bidirl.perf.analytic.HARDWARE
-    model: str = "7B"  # a name in bidirl.perf.analytic.MODELS
+    # a preset in bidirl.perf.analytic.MODELS, "pipeline" (model.source's own architecture), a model folder
+    # or config.json, or a hub id: any but a preset is counted from its config (bidirl.models.footprint)
+    model: str = "7B"
     workload: str = "gsm8k"  # a name in bidirl.perf.workload.PRESETS
     policies: List[str] = field(default_factory=lambda: ["verl", "areal", "roll", "streamrl", "verl-dynamic", "bidirl"])
     # one role switch, the same for every policy whose devices switch (veRL's colocated reshard too);
@@ -284,7 +286,6 @@ _CHOICES = {
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
     "sim.hardware": tuple(HARDWARE),
-    "sim.model": tuple(MODELS),
     "sim.workload": tuple(WORKLOADS),
     "logging.wandb_mode": ("offline", "online", "disabled"),
 }
@@ -302,6 +303,10 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
             close = difflib.get_close_matches(stage, STAGES, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (valid: {', '.join(STAGES)})"
             raise ConfigError(f"{source}: unknown stage '{stage}' in 'stages'{hint}")
+    model = cfg.sim.model
+    if model not in MODELS and model != "pipeline" and "/" not in model and not model.endswith(".json"):
+        raise ConfigError(f"{source}: key 'sim.model' must be one of {', '.join(MODELS)}, 'pipeline' (the pipeline's "
+                          f"own model.source), a model folder or config.json, or a hub id (org/name); got {model!r}")
     for policy in cfg.sim.policies:
         if policy not in policy_names():
             raise ConfigError(f"{source}: unknown policy '{policy}' in 'sim.policies' (known: {', '.join(policy_names())})")

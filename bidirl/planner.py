@@ -21,7 +21,8 @@ is the all-reduce's ring term, 2(n-1)/n, which grows by under 2% from 64 to 1024
 
 Memory: a partition must fit -- the rollout engine's weights leaving at least 10% of HBM for a KV cache on every rollout device,
 and the training state (16 bytes per parameter) sharded over the train pool on every train device
-(:func:`fits_memory`, analytic models; a profiled CPU has no such limit here).
+(:func:`fits_memory`, analytic models, with the model's size counted from its config: ``sim.model`` a preset,
+``pipeline`` or a config; a profiled CPU has no such limit here). A colocated policy holds both on every device.
 
 Writes ``plan.json`` (chosen split, predicted step time and samples/s, predicted device-time per pool
 by cause, the top alternatives and a one-line reason); :func:`load_plan` validates one.
@@ -85,7 +86,7 @@ def describe_model(cfg: PipelineConfig) -> str:
 
 
 def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
-    """Rollout devices: the engine's bf16 weights leave at least 10% of HBM for a KV cache. Train devices: the training
+    """``rollout_devices`` 0 means colocated (every device in both roles). Rollout devices: the engine's bf16 weights leave at least 10% of HBM for a KV cache. Train devices: the training
     state (16 bytes per parameter: bf16 weights and gradients, fp32 master weights and two AdamW
     moments) sharded over the train pool, FSDP/ZeRO-3 style; 10% of HBM is left for activations."""
     if not isinstance(perf, PerfModel):
@@ -143,7 +144,10 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
     devices = cfg.cluster.devices
-    if POLICIES[policy].synchronous:
+    if POLICIES[policy].synchronous:  # every device holds a rollout engine and a shard of the training state
+        if check_memory and not fits_memory(perf_model(cfg), 0, devices):
+            raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory colocated on "
+                              f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
         return []
     if devices < 2:
         raise BidirlError(f"policy '{policy}' needs a rollout and a train pool: cluster.devices={devices} is too few "

@@ -80,3 +80,64 @@ def test_a_missing_local_model_path_is_named(tmp_path):
     cfg = load_config(None, [f"model.source={tmp_path / 'nowhere'}"])
     with pytest.raises(BidirlError, match="no such model folder"):
         prepare_model(cfg)
+
+
+# ---- sizes counted from a config, nothing allocated ------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["7B", "8B", "14B", "32B"])
+def test_the_analytic_presets_are_the_sizes_counted_from_their_published_architectures(preset):
+    from bidirl.models.footprint import config_from_fields, count_model
+    from bidirl.perf.analytic import ARCHITECTURES, MODELS
+
+    counted = count_model(config_from_fields(ARCHITECTURES[preset]), preset)
+    assert MODELS[preset].params == pytest.approx(counted.params, rel=1e-4)
+    assert MODELS[preset].kv_bytes_per_token == counted.kv_bytes_per_token
+    assert MODELS[preset].buffer_bytes == counted.buffer_bytes
+
+
+def test_a_model_folder_counted_without_weights_has_exactly_the_parameters_of_the_loaded_model(tmp_path):
+    from bidirl.models.footprint import model_spec_of
+    from tests.builders import small_model_dir
+
+    folder = small_model_dir(tmp_path / "model")
+    model, _ = load_model(folder)
+    spec = model_spec_of(load_config(None, []), folder)
+    assert spec.params == sum(p.numel() for p in model.parameters())  # tied embeddings once, biases, norms
+    assert spec.kv_bytes_per_token == 2 * 2 * SMALL.num_kv_heads * (SMALL.hidden_size // SMALL.num_heads) * 2
+    pipeline = model_spec_of(load_config(None, ["model.tiny.hidden_size=64", "model.tiny.num_layers=2",
+                                                "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+                                                "model.tiny.intermediate_size=128"]), "pipeline")
+    assert pipeline.params == spec.params  # the project-built model's own config, never built
+
+
+def test_the_planner_checks_memory_with_the_counted_size_of_the_pipelines_model(tmp_path):
+    from bidirl.planner import plan
+    from bidirl.sim.run import perf_model
+
+    big = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256}  # a 70B shape
+    (tmp_path / "config.json").write_text(json.dumps(big))
+    cfg = load_config("pipelines/sim-32gpu.yaml", [f"sim.model={tmp_path}", "sim.hardware=H20", "cluster.devices=4"])
+    assert perf_model(cfg).model.params == pytest.approx(70.6e9, rel=0.01)
+    for policy in ("sync", "areal"):
+        with pytest.raises(BidirlError, match="does not fit"):
+            plan(cfg, policy)
+
+
+@pytest.mark.parametrize("value,message", [
+    ("7b", "key 'sim.model' must be one of 7B"),
+])
+def test_an_unknown_model_size_is_one_line_naming_the_key(value, message):
+    with pytest.raises(BidirlError, match=message):
+        load_config("pipelines/sim-32gpu.yaml", [f"sim.model={value}"])
+
+
+def test_a_model_config_that_is_not_one_is_one_line_naming_the_file(tmp_path):
+    from bidirl.models.footprint import model_spec_of
+
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(BidirlError, match="needs 'model_type'"):
+        model_spec_of(load_config(None, []), str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(BidirlError, match="not a readable model config"):
+        model_spec_of(load_config(None, []), str(tmp_path))

@@ -37,12 +37,14 @@ def build_tokenizer():
     return tokenizer
 
 
-def build_model(cfg: TinyModelConfig, vocab_size: int, seed: int):
-    """A randomly initialised Qwen2 causal LM of the configured shape, with tied embeddings."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+VOCAB_SIZE = 257  # EOS + 256 bytes: the size of build_tokenizer()'s vocabulary
 
-    config = Qwen2Config(
+
+def tiny_config(cfg: TinyModelConfig, vocab_size: int = VOCAB_SIZE):
+    """The Qwen2 config of the configured shape, with tied embeddings."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -56,8 +58,15 @@ def build_model(cfg: TinyModelConfig, vocab_size: int, seed: int):
         eos_token_id=0,
         torch_dtype="float32",
     )
+
+
+def build_model(cfg: TinyModelConfig, vocab_size: int, seed: int):
+    """A randomly initialised Qwen2 causal LM of the configured shape."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(tiny_config(cfg, vocab_size))
 
 
 def save_hf(model, tokenizer, directory: Path) -> None:

@@ -9,6 +9,10 @@ Rollout (one vLLM instance per device; :mod:`bidirl.sim.instance` does the conti
     rollout_efficiency scales the decode step: serving benchmarks run CUDA graphs at steady
     state, RL rollouts do not; it is the one free constant, fitted on validation case A (veRL GSM8K).
 
+Model sizes (parameters, KV bytes per token) are counted from a model's config, never written from a
+formula: the presets' published architectures are in ``ARCHITECTURES``, their counts in ``MODELS``
+(recounted by the tests), and any other model is counted when named (:mod:`bidirl.models.footprint`).
+
 Training (FSDP): tokens * k * N / (MFU * peak FLOP/s * devices) + ring all-reduce of bf16 gradients,
 with k = 6 (update) [+ 2 recomputing old log-probs, veRL/AReaL] [+ 2 with a reference model]. MFU 0.33 (veRL report).
 Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). A trainer's gradients
@@ -47,7 +51,8 @@ class Hardware:
 class ModelSpec:
     name: str
     params: float
-    kv_bytes_per_token: float
+    kv_bytes_per_token: float  # bf16 keys and values of every layer
+    buffer_bytes: float = 0.0  # non-parameter tensors the model holds (rotary tables, ...)
 
     @property
     def weight_bytes(self) -> float:
@@ -60,11 +65,25 @@ HARDWARE: Dict[str, Hardware] = {
     "H20": Hardware("H20", 96e9, 4.0e12, 148e12, 50e9),
     "A100": Hardware("A100", 80e9, 2.0e12, 312e12, 25e9, host_bw=32e9),
 }
+# The presets' published architectures (their config.json fields on the hub) and the sizes counted
+# from them by bidirl.models.footprint (empty weights: parameters once each, KV bytes from the attention
+# shape); tests/test_models.py recounts them. Any other model: ``sim.model`` names its config.
+ARCHITECTURES: Dict[str, Dict[str, object]] = {
+    "7B": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,  # Qwen2.5-7B
+               num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    "8B": dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,  # Qwen3-8B
+               num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
+               tie_word_embeddings=False),
+    "14B": dict(model_type="qwen2", hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,  # Qwen2.5-14B
+                num_key_value_heads=8, intermediate_size=13824, vocab_size=152064, tie_word_embeddings=False),
+    "32B": dict(model_type="qwen2", hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,  # Qwen2.5-32B
+                num_key_value_heads=8, intermediate_size=27648, vocab_size=152064, tie_word_embeddings=False),
+}
 MODELS: Dict[str, ModelSpec] = {
-    "7B": ModelSpec("7B", 7.6e9, 56e3),  # Qwen2.5-7B
-    "8B": ModelSpec("8B", 8.0e9, 147e3),  # Qwen3-8B
-    "14B": ModelSpec("14B", 14.8e9, 196e3),
-    "32B": ModelSpec("32B", 32.5e9, 256e3),  # Qwen2.5-32B
+    "7B": ModelSpec("7B", 7.6156e9, 57344, 512),
+    "8B": ModelSpec("8B", 8.1907e9, 147456, 512),
+    "14B": ModelSpec("14B", 14.770e9, 196608, 512),
+    "32B": ModelSpec("32B", 32.764e9, 262144, 512),
 }
 
 
@@ -96,7 +115,8 @@ class PerfModel:
         """Bytes a device may hold: bf16 weights (a rollout engine), the whole training state (bf16 weights
         and gradients, fp32 master weights and two AdamW moments: 16 bytes per parameter, to be sharded
         over a train pool), and the device's HBM."""
-        return {"weights": self.model.weight_bytes, "train_state": 16 * self.model.params, "hbm": self.hardware.hbm_bytes}
+        return {"weights": self.model.weight_bytes + self.model.buffer_bytes, "train_state": 16 * self.model.params,
+                "hbm": self.hardware.hbm_bytes}
 
     # ---- rollout ------------------------------------------------------------------------------
     @property

@@ -61,7 +61,13 @@ def perf_model(cfg: PipelineConfig) -> PerformanceModel:
         from bidirl.perf.fitted import load_profile
 
         return load_profile(sim.profile).model(recompute_logprob=sim.recompute_logprob)
-    return PerfModel(HARDWARE[sim.hardware], MODELS[sim.model], mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
+    if sim.model in MODELS:
+        spec = MODELS[sim.model]
+    else:
+        from bidirl.models.footprint import model_spec_of
+
+        spec = model_spec_of(cfg, sim.model)
+    return PerfModel(HARDWARE[sim.hardware], spec, mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
                      with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob, load_s=sim.load_s)
 
 

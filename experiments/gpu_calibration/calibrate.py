@@ -23,11 +23,12 @@ import json
 import statistics
 import time
 
-SHAPES = {  # Qwen2.5-7B's shape, and a tiny one for checking the script on a CPU
-    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064, params=7.6e9, kv_bytes_per_token=56e3),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                 intermediate_size=128, vocab_size=512, params=0.2e6, kv_bytes_per_token=512),
+from bidirl.perf.analytic import ARCHITECTURES
+
+SHAPES = {  # Qwen2.5-7B's published architecture, and a tiny one for checking the script on a CPU
+    "7b": ARCHITECTURES["7B"],
+    "tiny": dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, intermediate_size=128, vocab_size=512, tie_word_embeddings=False),
 }
 
 
@@ -46,13 +47,14 @@ def timed(torch, device, work, repeats=3) -> float:
 
 def build(shape: str, device: str):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    spec = {k: v for k, v in SHAPES[shape].items() if k not in ("params", "kv_bytes_per_token")}
-    config = Qwen2Config(**spec, max_position_embeddings=4096, tie_word_embeddings=False)
+    from bidirl.models.footprint import config_from_fields
+
+    config = config_from_fields({**SHAPES[shape], "max_position_embeddings": 4096})
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     return torch, model
 
 
@@ -99,10 +101,11 @@ def ceilings(torch, device, copy_bytes, matmul_n):
 
 def compare(measured, shape: str, hardware: str):
     """The analytic model of ``hardware`` for this shape against the measurements; fitted constants."""
-    from bidirl.perf.analytic import HARDWARE, ModelSpec, PerfModel
+    from bidirl.models.footprint import config_from_fields, count_model
+    from bidirl.perf.analytic import HARDWARE, PerfModel
 
-    spec = SHAPES[shape]
-    perf = PerfModel(HARDWARE[hardware], ModelSpec(shape, spec["params"], spec["kv_bytes_per_token"]))
+    spec = count_model(config_from_fields(SHAPES[shape]), shape)  # counted from the config, nothing allocated
+    perf = PerfModel(HARDWARE[hardware], spec)
     rows, ratios = [], []
     for p in measured["decode"]:
         a, b = perf.decode_line(p["context"])
@@ -111,9 +114,9 @@ def compare(measured, shape: str, hardware: str):
         rows.append({"quantity": f"decode step B={p['batch']} ctx={p['context']:.0f}", "analytic": analytic,
                      "measured": p["step_s"]})
     efficiency = statistics.median(ratios)  # the analytic model's rollout_efficiency, fitted
-    mfu = 6 * spec["params"] * measured["train_tokens_per_s"] / perf.hardware.peak_flops
+    mfu = 6 * spec.params * measured["train_tokens_per_s"] / perf.hardware.peak_flops
     rows.append({"quantity": "gradient tokens/s (MFU 0.33)", "measured": measured["train_tokens_per_s"],
-                 "analytic": 0.33 * perf.hardware.peak_flops / (6 * spec["params"])})
+                 "analytic": 0.33 * perf.hardware.peak_flops / (6 * spec.params)})
     rows.append({"quantity": "HBM bytes/s", "analytic": perf.hardware.hbm_bw, "measured": measured["copy_bytes_per_s"]})
     rows.append({"quantity": "bf16 FLOP/s", "analytic": perf.hardware.peak_flops, "measured": measured["matmul_flops"]})
     for row in rows:
