@@ -118,6 +118,9 @@ class ClusterConfig:
     devices: int = 1
     rollout_devices: int = 0  # 0 = let the planner choose
     nnodes: int = 1
+    # re-plan the partition every this many steps on the response lengths measured so far, moving
+    # devices between pools at a step boundary (0 = keep the starting partition); simulator and runtime
+    replan_every: int = 0
 
 
 @dataclass
@@ -314,3 +317,5 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
                 "launch.chunk_groups"):
         if OmegaConf.select(node, key) < 1:
             raise ConfigError(f"{source}: key '{key}' must be at least 1")
+    if cfg.cluster.replan_every < 0:
+        raise ConfigError(f"{source}: key 'cluster.replan_every' must be 0 (never) or a number of steps")

@@ -88,11 +88,11 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_simulate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    from bidirl.planner import planned_splits
+    from bidirl.planner import planned_splits, replanners
     from bidirl.sim.report import simulate_policies
 
     policies = list(cfg.sim.policies)
-    results = simulate_policies(cfg, policies, run.path, planned_splits(cfg, policies))
+    results = simulate_policies(cfg, policies, run.path, planned_splits(cfg, policies), replanners(cfg, policies))
     state["summary"]["simulate"] = [r.row() for r in results]
 
 

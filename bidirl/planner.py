@@ -234,6 +234,13 @@ def replanner(cfg: PipelineConfig, policy: Optional[str] = None) -> Callable[[fl
     return choose
 
 
+def replanners(cfg: PipelineConfig, policies: List[str]) -> Dict[str, Callable[[float], int]]:
+    """For ``bidirl simulate``: with ``cluster.replan_every``, a replanner for each policy that has a partition."""
+    if not cfg.cluster.replan_every:
+        return {}
+    return {p: replanner(cfg, p) for p in policies if p in POLICIES and not POLICIES[p].synchronous}
+
+
 def needs_planning(cfg: PipelineConfig, policy: str) -> bool:
     """``cluster.rollout_devices: 0`` with a policy that has a partition on two or more devices."""
     return not (cfg.cluster.rollout_devices or POLICIES[policy].synchronous or cfg.cluster.devices < 2)
@@ -254,6 +261,9 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
     on a profile of its own devices (``sim.profile``); without one, the policy's default split is used."""
     from bidirl.ui import say
 
+    if cfg.cluster.replan_every and not cfg.sim.profile and cfg.cluster.device_type == "cpu":
+        raise BidirlError("cluster.replan_every on CPU devices needs a profile of them to plan with: run `bidirl "
+                          "profile` and pass sim.profile=.../profile.json")
     if not needs_planning(cfg, cfg.launch.mode):
         return []
     if not cfg.sim.profile and cfg.cluster.device_type == "cpu":

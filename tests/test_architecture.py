@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # names a module and everything under it; "=name" names that module alone. The engines package's
 # __init__ is only a name registry (it imports nothing), so configuration may read it.
 LAYERS = [
-    ("pipeline", ["bidirl.pipeline"]),
+    ("pipeline", ["bidirl.pipeline", "bidirl.torchrun_main"]),
     ("planner | profiling", ["bidirl.planner", "bidirl.profiling"]),
     ("runtime | sim", ["bidirl.runtime", "bidirl.sim", "bidirl.rundir", "bidirl.plots"]),
     ("engines", ["bidirl.engines"]),

@@ -88,6 +88,24 @@ def test_trainer_checkpoint_round_trips_weights_optimizer_and_version(model_dir,
     assert restored.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
 
 
+def test_a_trainer_that_adopts_anothers_training_state_steps_identically_from_then_on(model_dir):
+    import copy
+    import io
+
+    primary, newcomer = TorchTrainEngine(model_dir, small_config()), TorchTrainEngine(model_dir, small_config())
+    samples = HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS)
+    for _ in range(2):
+        train_one_step(primary, samples)  # the primary has AdamW moments and a schedule position by now
+    buffer = io.BytesIO()
+    torch.save(primary.training_state(), buffer)  # what travels between the two processes
+    newcomer.adopt_training_state(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
+    assert newcomer.version == primary.version == 2
+    train_one_step(primary, samples)
+    train_one_step(newcomer, copy.deepcopy(samples))
+    for (name, a), b in zip(primary.state_dict().items(), newcomer.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_a_corrupt_checkpoint_is_one_clear_error(model_dir, tmp_path):
     trainer = TorchTrainEngine(model_dir, small_config())
     trainer.save(str(tmp_path / "ckpt"))

@@ -195,15 +195,20 @@ def test_replanning_on_drifting_lengths_moves_devices_between_pools_and_keeps_ev
     assert [homes[d.index] for d in cluster.devices] == [d.home.value for d in cluster.devices]
 
 
-def test_the_planner_replans_on_measured_lengths_and_the_live_runtime_refuses_what_it_cannot_do():
-    from bidirl.planner import replanner
+def test_the_planner_replans_on_measured_lengths_for_both_drivers_and_colocated_policies_have_nothing_to_replan():
+    from bidirl.planner import replanner, replanners
     from bidirl.sched.assembly import LIVE, assemble
+    from bidirl.sched.replanning import LengthReplanner
 
     cfg = small("sim.workload=math-drift", "train.steps=6")
     choose = replanner(cfg, "areal")
     assert 0 < choose(400.0) < 8
-    with pytest.raises(ValueError, match="simulated only"):
-        assemble("areal", cfg.run_shape(), LIVE, replanner=lambda cluster: None)
+    asks = LengthReplanner(2, lambda: 400.0, choose)
+    assert assemble("areal", cfg.run_shape(), LIVE, replanner=asks).policy.replanner is asks  # the runtime re-plans too
+    with pytest.raises(ValueError, match="no partition to re-plan"):
+        assemble("sync", cfg.run_shape(), LIVE, replanner=asks)
+    assert set(replanners(small("cluster.replan_every=2"), ["sync", "areal", "bidirl"])) == {"areal", "bidirl"}
+    assert replanners(cfg, ["areal"]) == {}
 
 
 def test_replanning_toward_fewer_rollout_devices_drains_them_and_new_trainers_hold_the_primarys_version():

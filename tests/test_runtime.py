@@ -172,6 +172,27 @@ def test_bidirl_started_from_a_profile_lends_before_it_has_measured_anything(tmp
     assert lent[0]["t"] < first_chunk_done  # the idle trainer was lent on the prior's figures, not on measured ones
 
 
+def test_a_live_run_replans_on_measured_lengths_and_a_new_trainer_steps_an_identical_replica(tmp_path):
+    from tests.test_planner import synthetic_profile
+
+    (tmp_path / "profile.json").write_text(synthetic_profile().to_json())  # on it the planner wants 1 rollout of 3
+    root = successful_run(tmp_path, "cluster.devices=3", "cluster.rollout_devices=2", "launch.mode=areal",
+                          "algorithm.staleness=1", "train.steps=6", "cluster.replan_every=2",
+                          f"sim.profile={tmp_path / 'profile.json'}")
+    summary = json.loads((root / "summary.json").read_text())
+    replanning = summary["replanning"]
+    assert replanning["asked"][0]["rollout_devices"] == 1 and replanning["asked"][0]["mean_response_tokens"] > 0
+    (moved,) = replanning["rehomes"]
+    assert moved["home"] == "train" and replanning["train_state_bytes"][0] > 0
+    assert sorted(summary["homes"]) == ["rollout", "train", "train"] and summary["final_version"] == 6
+    trace = read_jsonl(root / "trace.jsonl")
+    arrived = next(r for r in trace if r["device"] == moved["device"] and r["home"] == "train" and r["from"] == "switching")
+    trained = [r for r in trace if r["device"] == moved["device"] and r["to"] == "training" and r["t"] > arrived["t"]]
+    assert trained and all(r["home"] == r["role"] == "train" for r in trained)  # a home trainer from then on
+    assert summary["replica_checks"] == 6  # after every step, every home trainer's weights equalled the primary's
+    assert max(int(k) for k in summary["staleness_histogram"]) <= 1
+
+
 def test_a_fractional_staleness_bound_is_refused_by_version_bounded_policies_before_launch(tmp_path):
     result = launch(tmp_path, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -117,6 +117,17 @@ class TorchTrainEngine:
         # Tied embeddings appear under both names; rollout engines need lm_head.weight explicitly.
         return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
 
+    def training_state(self) -> Dict[str, Any]:
+        return {"model": self.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(), "version": self.version}
+
+    def adopt_training_state(self, state: Dict[str, Any]) -> None:
+        with self.torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.version = int(state["version"])
+
     def save(self, directory: str) -> None:
         """Model (HF format) + optimizer + version, written to a temp folder and renamed into place."""
         target = Path(directory)

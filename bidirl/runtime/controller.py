@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -39,26 +39,39 @@ from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import LIVE, assemble
 from bidirl.sched.estimates import NO_ESTIMATES, Estimates, MeasuredEstimates
+from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner
+from bidirl.sched.roles import Role
 from bidirl.sched.trace import median
 from bidirl.ui import progress_bar, say
 
 
 class Controller:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, run: RunDir, devices: int, tokenizer: Any,
-                 prior: Tuple[Optional[Estimates], str] = (None, "none")):
+                 prior: Tuple[Optional[Estimates], str] = (None, "none"),
+                 choose: Optional[Callable[[float], int]] = None):
+        """``prior``: the cost estimates to start from and their source. ``choose``: mean response
+        length -> rollout devices (the planner, from the layer above), for ``cluster.replan_every``."""
         self.cfg, self.mailbox, self.devices = cfg, mailbox, devices
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
         self.measured = MeasuredEstimates(prior=self.prior or NO_ESTIMATES)
-        assembly = assemble(cfg.launch.mode, cfg.run_shape(), LIVE, self.measured)
+        self.window = [0, 0]  # response tokens and samples trained since the replanner last asked
+        self.replanner: Replanner = NO_REPLANNING
+        if cfg.cluster.replan_every:
+            if choose is None:
+                raise BidirlError("cluster.replan_every needs the planner: start the runtime with `bidirl launch`")
+            self.replanner = LengthReplanner(cfg.cluster.replan_every, self.measured_mean_response, choose)
+        assembly = assemble(cfg.launch.mode, cfg.run_shape(), LIVE, self.measured, self.replanner)
         self.policy, self.cluster = assembly.policy, assembly.cluster
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path)))
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
         self.report = RunReport(cfg, run)
         self.pending: Dict[str, Set[int]] = {"train": set(), "sync": set()}  # collectives not yet reported
         self.primary_done: Optional[msg.StepDone] = None
+        self.checksums: Dict[int, Tuple[float, float]] = {}  # home trainers' weights after the step in progress
         self.batch_stats: Dict[str, Any] = {}
         self.sync_started = 0.0
+        self.shared_states: List[msg.TrainStateShared] = []
 
     # ---- main loop -------------------------------------------------------------------------------
     def run_all(self) -> Dict[str, Any]:
@@ -87,7 +100,7 @@ class Controller:
             curve = self.evaluate()
             summary = {**self.report.summary(self.cluster, self.policy.label, rl_seconds, curve),
                        "checkpoint": checkpoint.path, "final_version": self.cluster.version,
-                       "estimates": self.estimates_summary()}
+                       "estimates": self.estimates_summary(), "replanning": self.replanning_summary()}
         finally:
             self.stop_workers()
         return summary
@@ -142,15 +155,34 @@ class Controller:
     def _step_done(self, reply: msg.StepDone) -> Optional[ev.Event]:
         if reply.device == self.cluster.primary:
             self.primary_done = reply
+        if reply.checksum is not None:
+            self.checksums[reply.device] = reply.checksum
         if not self.collective_done("train", reply.device):
             return None
+        self.check_replicas_agree()
         primary = self.primary_done
         self.measured.step(primary.seconds, len(self.cluster.training_devices), primary.reduce_s)
         self.bar(**self.report.step_done(primary, self.batch_stats))
         return ev.TrainDone(primary.version)
 
+    def _train_state_shared(self, reply: msg.TrainStateShared) -> None:
+        self.shared_states.append(reply)  # the new trainer's RoleSwitched is the event
+        return None
+
     TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.RoleSwitched: _role_switched,
-                 msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done}
+                 msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
+                 msg.TrainStateShared: _train_state_shared}
+
+    def check_replicas_agree(self) -> None:
+        """Every home trainer stepped the same update on the same state: their weights agree (a device
+        that joined the train pool with a wrong optimizer state would drift from the primary)."""
+        primary = self.checksums[self.cluster.primary]
+        for device, checksum in self.checksums.items():
+            if any(abs(a - b) > 1e-9 * max(1.0, abs(b)) for a, b in zip(checksum, primary)):
+                raise BidirlError(f"optimizer replicas diverged at version {self.cluster.version + 1}: device {device}'s "
+                                  f"weights {checksum} differ from the primary's {primary}")
+        self.report.replica_checks += 1
+        self.checksums = {}
 
     def collective_done(self, kind: str, device: int) -> bool:
         """A train step or a weight publish is done when every member has reported."""
@@ -169,6 +201,8 @@ class Controller:
             self.mailbox.send(device, command)
         self.pending["train"] = set(action.devices)
         self.batch_stats = batch.stats
+        self.window[0] += batch.stats["tokens"]
+        self.window[1] += batch.stats["samples"]
 
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background
         self.sync_started = time.perf_counter()
@@ -189,8 +223,17 @@ class Controller:
         raise BidirlError("the live runtime cannot add a device to a train step in progress (LIVE.allows_join)")
 
     def _rehome(self, action: ev.Rehome) -> None:
-        raise BidirlError("the live runtime cannot re-partition yet (LIVE.rehomes): a new home trainer would "
-                          "need the primary's optimizer state")
+        # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary
+        # shares the state of the current version, which the bookkeeping gives the new trainer
+        if action.home is Role.TRAIN:
+            self.mailbox.send(self.cluster.primary, msg.ShareTrainState(action.device))
+        self.mailbox.send(action.device, msg.ChangeHome(action.home))
+
+    def measured_mean_response(self) -> Optional[float]:
+        """Mean response length of the samples trained since the last call (the replanner's input)."""
+        tokens, samples = self.window
+        self.window = [0, 0]
+        return tokens / samples if samples else None
 
     EXECUTE = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync, ev.Load: _load,
                ev.Switch: _switch, ev.Rehome: _rehome}
@@ -208,6 +251,13 @@ class Controller:
         rounded = lambda e: {k: round(v, 4) for k, v in dataclasses.asdict(e).items()}
         return {"prior_source": self.prior_source, "prior": rounded(self.prior) if self.prior else None,
                 "final": rounded(self.measured.current()), "measured": sorted(self.measured.seen)}
+
+    def replanning_summary(self) -> Dict[str, Any]:
+        history = getattr(self.replanner, "history", [])
+        return {"every": self.cfg.cluster.replan_every,
+                "asked": [{"version": v, "mean_response_tokens": m, "rollout_devices": r} for v, m, r in history],
+                "rehomes": [{"t": round(t, 4), "device": d, "home": h} for t, d, h in self.cluster.rehomes],
+                "train_state_bytes": [s.bytes for s in self.shared_states]}
 
     def stop_workers(self) -> None:
         for device in range(self.devices):

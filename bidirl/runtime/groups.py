@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from typing import Any, Dict, FrozenSet, List, Sequence
+from typing import Any, Dict, FrozenSet, List, Sequence, Tuple
 
 from bidirl.errors import BidirlError
 
@@ -69,3 +69,25 @@ class Groups:
     def allreduce_sum(self, tensor: Any, members: Sequence[int]) -> None:
         if len(set(members)) > 1:
             self.get(members).allreduce(tensor).wait()
+
+    def broadcast_object(self, obj: Any, members: Sequence[int], root: int) -> Tuple[Any, int]:
+        """Any torch-serialisable object from ``root`` to ``members`` (main threads' groups): its size,
+        then its bytes; returns (the object, bytes sent). Rare and off the step's critical path (a
+        device joining the train pool for good)."""
+        import io
+
+        import torch
+
+        size = torch.zeros(1, dtype=torch.int64)
+        if self.device == root:
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+            size[0] = payload.numel()
+        self.broadcast(size, members, root)
+        if self.device != root:
+            payload = torch.empty(int(size[0]), dtype=torch.uint8)
+        self.broadcast(payload, members, root)
+        if self.device == root:
+            return obj, int(size[0])
+        return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False), int(size[0])

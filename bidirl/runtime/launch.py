@@ -39,7 +39,7 @@ def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, t
     else:
         command += [f"--node-rank={topo.node_rank}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={topo.rdzv_endpoint or '127.0.0.1:29400'}", f"--rdzv-id={cfg.name}"]
-    return command + ["-m", "bidirl.runtime.main", cfg_path, *overrides]
+    return command + ["-m", "bidirl.torchrun_main", cfg_path, *overrides]
 
 
 def check_plan(cfg: PipelineConfig) -> None:
@@ -47,9 +47,12 @@ def check_plan(cfg: PipelineConfig) -> None:
     the controller will make, on the live runtime's capabilities."""
     from bidirl.sched.assembly import LIVE, assemble
     from bidirl.sched.estimates import MeasuredEstimates
+    from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 
+    every = cfg.cluster.replan_every  # a replanner that is never asked: the same assembly checks
+    replanner = LengthReplanner(every, lambda: None, lambda mean: 0) if every else NO_REPLANNING
     try:
-        assemble(cfg.launch.mode, cfg.run_shape(), LIVE, MeasuredEstimates())
+        assemble(cfg.launch.mode, cfg.run_shape(), LIVE, MeasuredEstimates(), replanner)
     except ValueError as exc:
         raise BidirlError(str(exc)) from None
     if cfg.train.engine == "deepspeed" and cfg.train.zero_stage > 0 and cfg.cluster.devices > 1:

@@ -1,26 +1,30 @@
-"""Entry point of every torchrun rank: ``python -m bidirl.runtime.main <pipeline.yaml> [key=value ...]``.
+"""What every torchrun rank runs (``python -m bidirl.torchrun_main``, which supplies the planner).
 
 Rank 0 is the controller (no engines, no process groups); ranks 1..N are device workers 0..N-1.
-``bidirl launch`` builds the torchrun command; run this module directly only under torchrun.
+``bidirl launch`` builds the torchrun command.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Callable, Optional
+
+# the pipeline's config -> (mean response length -> rollout devices): the planner, for re-planning
+ChooseFor = Callable[[Any], Callable[[float], int]]
 
 
-def main(argv: list) -> int:
+def main(argv: list, choose_for: Optional[ChooseFor] = None) -> int:
     from bidirl.errors import BidirlError
 
     try:
-        return _run(argv)
+        return _run(argv, choose_for)
     except BidirlError as exc:
         print(f"error (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr)
         return exc.exit_code
 
 
-def _run(argv: list) -> int:
+def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     import torch
     import torch.distributed as dist
 
@@ -43,7 +47,8 @@ def _run(argv: list) -> int:
     store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
     mailbox = Mailbox(store)
     if rank == 0:
-        return _control(cfg, mailbox, devices, model_path)
+        choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
+        return _control(cfg, mailbox, devices, model_path, choose)
     from bidirl.runtime.worker import Worker
 
     # the weight sender/receiver thread gets its own store connection: threads never share a socket
@@ -53,7 +58,7 @@ def _run(argv: list) -> int:
     return 0
 
 
-def _control(cfg, mailbox, devices: int, model_path: str) -> int:
+def _control(cfg, mailbox, devices: int, model_path: str, choose) -> int:
     from transformers import AutoTokenizer
 
     from bidirl.rundir import RunDir
@@ -65,7 +70,7 @@ def _control(cfg, mailbox, devices: int, model_path: str) -> int:
     say(f"run directory: {run.path}")
     try:
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
-                             prior=prior_from_environment()).run_all()
+                             prior=prior_from_environment(), choose=choose).run_all()
     except BaseException:
         run.finish({"status": "failed"})
         raise
@@ -80,4 +85,4 @@ def _timedelta(seconds: float):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))  # without the planner: cluster.replan_every is refused

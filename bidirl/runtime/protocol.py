@@ -19,6 +19,9 @@ command took.
                                                                                ──► WeightsStaged
     LoadWeights    ──►  WeightsLoaded               apply a staged version
     SwitchRole     ──►  RoleSwitched                serve the other role
+    ChangeHome     ──►  RoleSwitched                join the other pool for good (re-planning); into
+                                                    the train pool it receives the primary's state
+    ShareTrainState ──► TrainStateShared            (primary) send that state to the new trainer
     EvaluateSnapshots ──► Evaluated                 held-out accuracy of weight snapshots
     SaveCheckpoint ──►  CheckpointSaved
     Stop           ──►  Stopped
@@ -100,6 +103,24 @@ class SwitchRole(Command):
 
 
 @dataclass(frozen=True)
+class ChangeHome(Command):
+    """Re-partitioning: serve ``home`` from now on, as a member of that pool. Into the train pool the
+    device receives the primary's whole training state (weights, optimizer, schedule, version), so it
+    steps an identical optimizer replica from the next step on."""
+
+    handler = "change_home"
+    home: Role
+
+
+@dataclass(frozen=True)
+class ShareTrainState(Command):
+    """Primary: send the training state to ``device``, which is joining the train pool (``ChangeHome``)."""
+
+    handler = "share_train_state"
+    device: int
+
+
+@dataclass(frozen=True)
 class EvaluateSnapshots(Command):
     handler = "evaluate"
     snapshots: Tuple[Tuple[int, str], ...]  # (version, path)
@@ -117,7 +138,7 @@ class Stop(Command):
 
 
 COMMANDS: Tuple[type, ...] = (GenerateChunk, TrainStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
-                              EvaluateSnapshots, SaveCheckpoint, Stop)
+                              ChangeHome, ShareTrainState, EvaluateSnapshots, SaveCheckpoint, Stop)
 
 # ---- replies (worker -> controller) ------------------------------------------------------------
 
@@ -147,6 +168,9 @@ class StepDone(Reply):
     compute_s: float
     reduce_s: float
     stats: Dict[str, float] = field(default_factory=dict)
+    # home trainers: (sum, sum of squares) of the weights after the step, in float64; optimizer
+    # replicas that stepped identically agree, which the controller checks
+    checksum: Optional[Tuple[float, float]] = None
 
 
 @dataclass
@@ -169,6 +193,15 @@ class RoleSwitched(Reply):
     join_s: float  # looking up the pre-built gradient group on the way into training
     switch_s: float
     version: int
+    adopt_s: float = 0.0  # receiving the primary's training state (ChangeHome into the train pool)
+    home: Optional[Role] = None  # the new home pool (ChangeHome)
+
+
+@dataclass
+class TrainStateShared(Reply):
+    to: int
+    bytes: int
+    version: int
 
 
 @dataclass
@@ -187,7 +220,7 @@ class Stopped(Reply):
     pass
 
 
-REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched, Evaluated,
-                             CheckpointSaved, Stopped)
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched,
+                             TrainStateShared, Evaluated, CheckpointSaved, Stopped)
 
 Message = Any  # a Plan, a Command or a Reply

@@ -32,6 +32,7 @@ class RunReport:
         self.sync_seconds: List[float] = []  # publish issued -> last member staged, as the controller saw it
         self.consumed_samples = 0
         self.consumed_tokens = 0
+        self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
         self.t0 = time.perf_counter()
 
     def start(self) -> None:
@@ -101,6 +102,7 @@ class RunReport:
             "loads": len(self.loads),
             "load_median_ms": round(1000 * median(m.seconds for m in self.loads), 2),
             "switches": switches, "leases": cluster.lease_summary(), "curve": curve,
+            "replica_checks": self.replica_checks,
             "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),
         }
         if curve:

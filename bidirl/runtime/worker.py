@@ -15,7 +15,10 @@ Gradients. Members of a train step compute gradients on their slice (scaled by t
 count, so slices add up) and all-reduce them over the pre-built group of exactly those members. Every
 *home* trainer then applies the same optimizer step to its replica (data parallelism: they stay
 identical); a lent rollout device only contributed gradients and keeps no optimizer state, so the
-train pool stays the one source of versions.
+train pool stays the one source of versions. A device that joins the train pool for good (re-planning,
+``ChangeHome``) first receives the primary's whole training state over their pair group, so it is an
+identical replica from its first step; every home trainer reports a checksum of its weights after
+each step, which the controller compares.
 
 Weights, in two phases so that trainers never wait for a rollout device's safe point:
   * ``publish`` (primary, main thread): snapshot the parameters and hand them to a sender thread that
@@ -131,7 +134,8 @@ class Worker:
             self.state.version = self.train.version
             if command.snapshot:
                 self.save_snapshot(self.train.version)
-        return msg.StepDone(version=self.train.version, compute_s=compute_s, reduce_s=reduce_s, stats=stats)
+        return msg.StepDone(version=self.train.version, compute_s=compute_s, reduce_s=reduce_s, stats=stats,
+                            checksum=self.weights_checksum())
 
     def publish(self, command: msg.PublishWeights) -> None:
         """Primary: broadcast a snapshot of the weights from a sender thread; return at once."""
@@ -180,7 +184,7 @@ class Worker:
             rollout_s = self.load_rollout() if self.state.role is Role.ROLLOUT else 0.0
         return msg.WeightsLoaded(version=version, copy_s=time.perf_counter() - start - rollout_s, load_s=rollout_s)
 
-    def switch(self, command: msg.SwitchRole) -> msg.RoleSwitched:
+    def switch(self, command: msg.SwitchRole, adopt: bool = False) -> msg.RoleSwitched:
         start = time.perf_counter()
         if command.role is self.state.role:
             raise RuntimeError(f"device {self.device} asked to switch to {command.role.value}, which it serves")
@@ -190,8 +194,28 @@ class Worker:
             if self.state.role is Role.TRAIN and self.device != self.primary:
                 self.groups.get([self.primary, self.device])  # pre-built at start: joining is a lookup
             join_s = time.perf_counter() - join_start
-        return msg.RoleSwitched(role=self.state.role, load_s=load_s, join_s=join_s,
+            adopt_start = time.perf_counter()
+            if adopt:  # a new optimizer replica: the primary's state, received over the pair's group
+                state, _ = self.groups.broadcast_object(None, [self.primary, self.device], self.primary)
+                self.train.adopt_training_state(state)
+                self.state.version = self.train.version
+            adopt_s = time.perf_counter() - adopt_start if adopt else 0.0
+        return msg.RoleSwitched(role=self.state.role, load_s=load_s, join_s=join_s, adopt_s=adopt_s,
                                 switch_s=time.perf_counter() - start, version=self.train.version)
+
+    def change_home(self, command: msg.ChangeHome) -> msg.RoleSwitched:
+        """Re-partitioning: this device belongs to the ``home`` pool from now on (its role follows)."""
+        if self.device == self.primary:
+            raise RuntimeError("the primary trainer owns the optimizer and the versions: it never changes pool")
+        self.state.home = command.home
+        reply = self.switch(msg.SwitchRole(command.home), adopt=command.home is Role.TRAIN)
+        reply.home = command.home
+        return reply
+
+    def share_train_state(self, command: msg.ShareTrainState) -> msg.TrainStateShared:
+        """Primary: the whole training state to a device joining the train pool (it waits in ``change_home``)."""
+        _, size = self.groups.broadcast_object(self.train.training_state(), [self.primary, command.device], self.primary)
+        return msg.TrainStateShared(to=command.device, bytes=size, version=self.train.version)
 
     def evaluate(self, command: msg.EvaluateSnapshots) -> msg.Evaluated:
         from bidirl.runtime.evaluation import evaluate_snapshots
@@ -228,6 +252,10 @@ class Worker:
         if self.rollout.version == self.train.version:
             return 0.0
         return self.rollout.update_weights(self.train.state_dict(), self.train.version)
+
+    def weights_checksum(self) -> "tuple[float, float]":
+        flat = self.torch.nn.utils.parameters_to_vector(self.params).detach().double()
+        return float(flat.sum()), float((flat * flat).sum())
 
     def save_snapshot(self, version: int) -> None:
         path = self.run_path / "snapshots" / f"v{version:05d}.pt"

@@ -52,7 +52,7 @@ class DriverCapabilities:
     rehomes: bool = False  # move a device to another home pool at run time (Rehome: re-planning)
 
 
-LIVE = DriverCapabilities(allows_join=False, interruptible=False, streams_updates=False)
+LIVE = DriverCapabilities(allows_join=False, interruptible=False, streams_updates=False, rehomes=True)
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Assembly:
 def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
              estimates: EstimatesProvider = NO_ESTIMATES, replanner: Replanner = NO_REPLANNING) -> Assembly:
     if replanner is not NO_REPLANNING and not driver.rehomes:
-        raise ValueError("re-planning at run time (Rehome) is simulated only so far (`bidirl simulate`)")
+        raise ValueError("this driver cannot move a device to another home pool at run time (Rehome)")
     policy = build_policy(policy_name, estimates, shape.batch_groups, replanner)
     homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
     eta = policy.effective_eta(shape.staleness)

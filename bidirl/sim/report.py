@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -15,8 +15,9 @@ from bidirl.ui import console, say
 
 
 def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path,
-                      splits: Optional[Dict[str, int]] = None) -> List[SimResult]:
-    results = run_policies(cfg, policies, splits)
+                      splits: Optional[Dict[str, int]] = None,
+                      replanners: Optional[Dict[str, Callable[[float], int]]] = None) -> List[SimResult]:
+    results = run_policies(cfg, policies, splits, replanners)
     print_table(cfg, results)
     write_outputs(results, out)
     return results
@@ -28,13 +29,16 @@ def check_policies(policies: Sequence[str]) -> None:
         raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(policy_names())})")
 
 
-def run_policies(cfg: PipelineConfig, policies: Sequence[str], splits: Optional[Dict[str, int]] = None) -> List[SimResult]:
+def run_policies(cfg: PipelineConfig, policies: Sequence[str], splits: Optional[Dict[str, int]] = None,
+                 replanners: Optional[Dict[str, Callable[[float], int]]] = None) -> List[SimResult]:
     """Every policy on the configured cluster, each at ``splits[policy]`` rollout devices if given (the
-    planner's), else at the configured split; a bad policy name or split is one BidirlError."""
+    planner's), else at the configured split, and re-planned every ``cluster.replan_every`` steps by
+    ``replanners[policy]`` if given; a bad policy name or split is one BidirlError."""
     check_policies(policies)
-    splits = splits or {}
+    splits, replanners = splits or {}, replanners or {}
     try:
-        results = [simulate(cfg, name, rollout_devices=splits.get(name) or None, keep_trace=cfg.sim.gantt)
+        results = [simulate(cfg, name, rollout_devices=splits.get(name) or None, keep_trace=cfg.sim.gantt,
+                            replan=replanners.get(name), replan_every=cfg.cluster.replan_every or 10)
                    for name in policies]
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
         raise BidirlError(f"simulate: {exc}") from None
