@@ -47,6 +47,9 @@ class TinyModelConfig:
     sft_batch_size: int = 64
     sft_lr: float = 5e-4  # 2e-3 and above plateau at <10% accuracy on arithmetic
     sft_examples: int = 20000
+    # what the base model learns to answer: "answer" (" 17") or "worked" (" 4+6=10, 10+7=17 #### 17",
+    # the task's steps where it has them): long and length-varying responses from the same task
+    sft_target: str = "answer"
 
 
 @dataclass
@@ -286,6 +289,7 @@ _CHOICES = {
     "rollout.engine": tuple(ROLLOUT_ENGINES),
     "train.engine": tuple(TRAIN_ENGINES),
     "algorithm.name": ("grpo",),
+    "model.tiny.sft_target": ("answer", "worked"),
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
     "cluster.device_type": ("cpu", "cuda"),
     "sim.hardware": tuple(HARDWARE),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
@@ -120,7 +121,28 @@ def _rg_dataset(reasoning_gym: Any, task: str, task_config: Dict[str, Any], seed
 
 def _rg_solution(item: Dict[str, Any]) -> str:
     meta = item.get("metadata") or {}
-    return str(meta.get("answer_cot") or meta.get("solution") or meta.get("cot") or "")
+    return str(meta.get("answer_cot") or meta.get("solution") or meta.get("cot")
+               or worked_chain(str(meta.get("expression", ""))))
+
+
+_CHAIN_RE = re.compile(r"-?\d+(?:\s*[+-]\s*\d+)+")
+
+
+def worked_chain(expression: str) -> str:
+    """The steps of a chain of integer additions and subtractions, left to right:
+    ``"4 - 1 - 7"`` -> ``"4-1=3, 3-7=-4"``; ``""`` for anything else (no steps to show)."""
+    expression = expression.strip()
+    if not _CHAIN_RE.fullmatch(expression):
+        return ""
+    terms = re.findall(r"[+-]?\s*\d+", expression)
+    value = int(terms[0].replace(" ", ""))
+    steps = []
+    for term in terms[1:]:
+        term = term.replace(" ", "")
+        new = value + int(term)
+        steps.append(f"{value}{term[0]}{term[1:]}={new}")
+        value = new
+    return ", ".join(steps)
 
 
 def _is_held_out(question: str) -> bool:

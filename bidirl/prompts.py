@@ -54,6 +54,10 @@ class PromptBuilder:
         return format_prompt(problem, self.style, self.tokenizer, self.shots)
 
 
-def target_completion(problem: Problem) -> str:
-    """The completion a supervised base model learns for a ``plain`` prompt (EOS added by the caller)."""
+def target_completion(problem: Problem, style: str = "answer") -> str:
+    """The completion a supervised base model learns (EOS added by the caller): the answer alone
+    (``" 17"``), or with ``style="worked"`` the problem's worked steps first when it has them
+    (``" 4+6=10, 10+7=17 #### 17"``): longer responses, whose length grows with the problem's size."""
+    if style == "worked" and problem.solution:
+        return f" {problem.solution} #### {problem.answer}"
     return f" {problem.answer}"

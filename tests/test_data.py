@@ -108,3 +108,31 @@ def test_few_shot_examples_reach_the_training_prompts_not_only_the_evaluate_stag
     assert len(request.prompts) == 3
     assert all(p.startswith(f"{first.question} = {first.answer}\n{second.question} = {second.answer}\n")
                for p in request.prompts)
+
+
+def test_an_addition_chain_gets_its_worked_steps_whose_last_result_is_the_reward_winning_answer():
+    from bidirl.data import worked_chain
+    from bidirl.prompts import target_completion
+
+    assert worked_chain("4 - 1 - 7") == "4-1=3, 3-7=-4"
+    assert worked_chain("(1 + 2) * 3") == worked_chain("12") == ""  # nothing a chain of steps can show
+    problems = load_reasoning_gym("basic_arithmetic", {"min_terms": 2, "max_terms": 12, "min_digits": 1,
+                                                        "max_digits": 1, "operators": ["+", "-"],
+                                                        "allow_parentheses": False, "allow_negation": False},
+                                  0, "train", 50)
+    for problem in problems:
+        worked = target_completion(problem, "worked")
+        assert worked.startswith(f" {problem.solution} #### ") and numeric_reward(worked, problem.answer) == 1.0
+        assert worked.split(" #### ")[0].split("=")[-1] == problem.answer  # the steps end at the answer
+        assert target_completion(problem) == f" {problem.answer}"
+    lengths = [len(target_completion(p, "worked")) for p in problems]
+    assert max(lengths) >= 5 * min(lengths)  # longer chains, longer responses
+
+
+def test_a_worked_tiny_recipe_gets_its_own_cached_base_model():
+    from bidirl.config import load_config
+    from bidirl.models.base import tiny_cache_dir
+
+    default = load_config("pipelines/cpu-tiny.yaml", [])
+    worked = load_config("pipelines/cpu-tiny.yaml", ["model.tiny.sft_target=worked"])
+    assert tiny_cache_dir(worked) != tiny_cache_dir(default)

@@ -26,8 +26,11 @@ TINY_RECIPE_VERSION = 1  # bump when the tiny model recipe changes, to invalidat
 
 
 def tiny_cache_dir(cfg: PipelineConfig) -> Path:
+    tiny = asdict(cfg.model.tiny)
+    if tiny["sft_target"] == "answer":  # the original recipe: its cache keys stay as they were
+        del tiny["sft_target"]
     parts = {
-        "tiny": asdict(cfg.model.tiny),
+        "tiny": tiny,
         "task": cfg.data.task,
         "task_config": dict(cfg.data.task_config),
         "data_seed": cfg.data.seed,
@@ -68,7 +71,8 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
     prompt = PromptBuilder.for_run(data)  # the form it will be prompted with in RL and evaluation
     with progress_bar("SFT tiny base model", cfg.model.tiny.sft_steps, cfg.logging.progress) as advance:
         losses = supervised_finetune(
-            model, tokenizer, train, prompt, target_completion, cfg.model.tiny, cfg.seed,
+            model, tokenizer, train, prompt, lambda p: target_completion(p, cfg.model.tiny.sft_target),
+            cfg.model.tiny, cfg.seed,
             on_step=lambda step, loss: advance(loss=loss),
         )
     sft_s = time.time() - start

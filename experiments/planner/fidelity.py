@@ -1,0 +1,105 @@
+"""Live fidelity of the performance model: the step time the planner predicts for the live 2-device
+runtime, from ``bidirl profile`` on this machine, against the step time the runtime then measures.
+
+    .venv/bin/python experiments/planner/fidelity.py             # every setting and policy (~40 min)
+    .venv/bin/python experiments/planner/fidelity.py --settings short --steps 10
+
+Per setting (response lengths, one task each):
+  short   the CPU default (``pipelines/cpu-tiny.yaml``): answers of ~2-4 tokens
+  medium  ``pipelines/cpu-long.yaml`` on chains of 2-6 terms: worked steps, ~10-45 tokens
+  long    ``pipelines/cpu-long.yaml`` as shipped, chains of 2-16 terms: ~10-130 tokens
+1. ``bidirl profile`` measures the devices through the real engines and the task's own response
+   lengths (profile.json);
+2. per policy, the simulator predicts the run on that profile (``bidirl.sim.run.simulate`` with
+   ``sim.profile``: what ``bidirl plan`` scores partitions with), and
+3. ``bidirl launch`` runs it live: 2 devices, 1 rollout / 1 train, eta 1, the same steps and seed.
+Reported: predicted and measured mean step time (RL seconds / steps), their ratio, and the measured
+share of each device's time by cause, which says where they differ. Writes ``fidelity.json`` (next to
+this file unless ``--out``) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bidirl.config import load_config
+from bidirl.sim.run import simulate
+
+BIDIRL = str(Path(sys.executable).with_name("bidirl"))
+SETTINGS = {
+    "short": ("pipelines/cpu-tiny.yaml", ["train.prompts_per_step=64", "train.micro_batch_size=64",
+                                          "launch.chunk_groups=16"]),
+    "medium": ("pipelines/cpu-long.yaml", ["data.task_config.max_terms=6", "rollout.max_new_tokens=64"]),
+    "long": ("pipelines/cpu-long.yaml", []),
+}
+POLICIES = ("async", "bidirl")
+LIVE = ["cluster.devices=2", "cluster.rollout_devices=1", "algorithm.staleness=1", "logging.eval_every=0",
+        "logging.wandb_mode=disabled", "logging.progress=false"]
+
+
+def profile(pipeline: str, overrides: list, root: Path) -> str:
+    out = subprocess.run([BIDIRL, "profile", pipeline, *overrides, f"output_dir={root}/profile",
+                          "logging.progress=false"], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
+    runs = root / f"live-{policy}"
+    subprocess.run([BIDIRL, "launch", pipeline, *overrides, f"launch.mode={policy}", f"output_dir={runs}"],
+                   capture_output=True, text=True, check=True)
+    (run,) = runs.iterdir()
+    return json.loads((run / "summary.json").read_text())
+
+
+def measure(name: str, steps: int, root: Path) -> list:
+    pipeline, overrides = SETTINGS[name]
+    overrides = [*overrides, *LIVE, f"train.steps={steps}"]
+    profile_json = profile(pipeline, overrides, root / name)
+    rows = []
+    for policy in POLICIES:
+        cfg = load_config(pipeline, [*overrides, f"launch.mode={policy}", f"sim.profile={profile_json}"])
+        predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False)
+        summary = live(pipeline, overrides, root / name, policy)
+        measured_step = summary["rl_seconds"] / summary["steps"]
+        rows.append({"setting": name, "policy": policy, "predicted_step_s": round(predicted.step_s, 4),
+                     "measured_step_s": round(measured_step, 4),
+                     "ratio": round(predicted.step_s / measured_step, 3),
+                     "predicted_breakdown": predicted.time_breakdown, "measured_breakdown": summary["time_breakdown"],
+                     "workload": json.loads(Path(profile_json).read_text())["workload"],
+                     "measured_tokens_per_sample": round(summary["tokens_per_s"] / summary["samples_per_s"], 1)})
+        print(f"{name:6s} {policy:7s} predicted {predicted.step_s:.3f} s  measured {measured_step:.3f} s  "
+              f"ratio {rows[-1]['ratio']:.3f}", flush=True)
+    return rows
+
+
+def busy(breakdown: dict) -> str:
+    return " / ".join(f"{pool} {100 * shares.get('busy', 0):.0f}%" for pool, shares in sorted(breakdown.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", default=str(Path(__file__).with_name("fidelity.json")))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.settings.split(","):
+            rows += measure(name, args.steps, Path(scratch))
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+    print("\n| setting | mean response (profiled) | policy | predicted step s | measured step s | predicted / measured "
+          "| busy, predicted | busy, measured |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['workload']['mean_tokens']:.1f} | {r['policy']} | {r['predicted_step_s']:.3f} | "
+              f"{r['measured_step_s']:.3f} | {r['ratio']:.2f} | {busy(r['predicted_breakdown'])} | "
+              f"{busy(r['measured_breakdown'])} |")
+
+
+if __name__ == "__main__":
+    main()
