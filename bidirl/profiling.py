@@ -5,7 +5,8 @@ sampling settings (one thread, as each live device worker runs):
 
 * decode: batches of B sequences generated to a fixed length L (EOS ignored) for two lengths; the
   difference gives the time of one decode step at batch B and the mean context, the rest the prefill;
-* the task's own response lengths (a normal sampled rollout), fitted as a log-normal workload;
+* the task's own response lengths (a normal sampled rollout), fitted as a log-normal workload, and
+  the share of samples the trainer will train (groups whose rewards differ);
 * training: one optimizer step on batches of increasing token counts;
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
@@ -70,11 +71,18 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         rollout.generate([prompt(p) for p in problems[:4]], sampling)  # warm-up (first calls are slower)
         advance()
 
-        # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps
-        short, long_ = max(2, cfg.rollout.max_new_tokens // 2), max(4, cfg.rollout.max_new_tokens * 2)
+        # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps. Lengths
+        # stay inside the model's context window (prompt included), which a long-response task nears.
+        room = context_window(model.path) - max(len(rollout.tokenizer(prompt(p), add_special_tokens=False).input_ids)
+                                               for p in problems[: max(batch_sizes(cfg))]) - 1
+        short = max(2, min(cfg.rollout.max_new_tokens // 2, room // 8))
+        long_ = max(short + 2, min(cfg.rollout.max_new_tokens * 2, room // 4))
+        longest = min(4 * long_, room)
+        points = [(g, (short, long_)) for g in batch_sizes(cfg)]
+        if longest > long_:
+            points.append((max(batch_sizes(cfg)), (long_, longest)))  # a longer context too
         decode_points, prefill_points, prompt_tokens = [], [], []
-        for groups, (short, long_) in [*((g, (short, long_)) for g in batch_sizes(cfg)),
-                                       (max(batch_sizes(cfg)), (long_, 4 * long_))]:  # a longer context too
+        for groups, (short, long_) in points:
             prompts = [prompt(p) for p in problems[:groups]]
             lengths = [len(rollout.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
             prompt_tokens += lengths
@@ -85,7 +93,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             step = max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short))
             context = statistics.mean(lengths) + (short + long_) / 2
             decode_points.append({"batch": groups * G, "context": context, "step_s": step})
-            if short == max(2, cfg.rollout.max_new_tokens // 2):
+            if short == points[0][1][0]:
                 prefill_points.append({"tokens": sum(lengths) * G, "seconds": max(0.0, seconds[short] - short * step)})
             advance()
         decode = fit_decode(decode_points)
@@ -101,7 +109,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         for sample in samples:
             by_group.setdefault(sample.prompt_index, []).append(sample)
         workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
-                                statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens)
+                                statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens,
+                                [[s.reward for s in g] for g in by_group.values()])
         for group in by_group.values():
             assign_advantages(group, cfg.algorithm.std_normalize)
             for i, sample in enumerate(group):  # every sample informative, so each point trains what it says
@@ -141,6 +150,14 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     tmp.replace(out / "profile.json")
     plot_profile(profile, out / "profile.png")
     return profile
+
+
+def context_window(model_path: str) -> int:
+    """Tokens the model can attend over (its config's ``max_position_embeddings``; 32k if it names none)."""
+    import json
+
+    config = json.loads((Path(model_path) / "config.json").read_text()) if (Path(model_path) / "config.json").is_file() else {}
+    return int(config.get("max_position_embeddings") or 32768)
 
 
 def plot_profile(profile: Profile, path: Path) -> Path:

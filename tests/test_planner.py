@@ -43,6 +43,24 @@ def test_fits_recover_known_coefficients_from_synthetic_points():
     assert line.coefficients == pytest.approx({"fixed_s": 0.1, "per_token_s": 3e-4})
 
 
+def test_the_measured_workload_knows_which_share_of_samples_grpo_trains(tmp_path):
+    from bidirl.perf.fitted import fit_workload
+
+    lengths = [[3, 4, 3, 5], [2, 2, 3, 2], [6, 5, 7, 6], [3, 3, 4, 3]]
+    rewards = [[1, 1, 1, 1], [0, 1, 0, 1], [0, 0, 0, 0], [1, 0, 1, 1]]  # two groups teach something
+    workload = fit_workload(lengths, 9.0, 8, rewards)
+    assert workload["informative"] == 0.5 and workload["mean_tokens"] == pytest.approx(61 / 16)
+    every = synthetic_profile(workload={**workload, "informative": 1.0})
+    half = synthetic_profile(workload=workload)
+    work = {}
+    for name, profile in (("every", every), ("half", half)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(profile.to_json())
+        work[name] = simulate(small("cluster.devices=2", "train.prompts_per_step=16", "launch.chunk_groups=16",
+                                    f"sim.profile={path}"), "areal").step_s
+    assert work["half"] < 0.75 * work["every"]  # a train-bound run: the trainer is charged for what it trains
+
+
 def test_a_profile_round_trips_through_its_schema(tmp_path):
     profile = synthetic_profile()
     (tmp_path / "profile.json").write_text(profile.to_json())

@@ -138,8 +138,10 @@ def fit_line(points: List[Dict[str, float]], x: str, y: str, names: Tuple[str, s
     return Fit({names[0]: intercept, names[1]: slope}, relative_error(predicted, [p[y] for p in points]), points)
 
 
-def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: int) -> Dict[str, float]:
-    """Log-normal fit of response lengths: between-group and within-group spread, as the presets have.
+def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: int,
+                 rewards_by_group: Optional[List[List[float]]] = None) -> Dict[str, float]:
+    """Log-normal fit of response lengths: between-group and within-group spread, as the presets have;
+    and, given the rewards, the share of samples in groups whose rewards differ (the ones GRPO trains).
 
     The mean is of the lengths as generated, after the cap; a preset's ``mean_tokens`` is before it, so
     where many samples hit the cap the fitted workload is a little shorter than the real one."""
@@ -149,8 +151,12 @@ def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: i
     between = math.sqrt(sum((m - grand) ** 2 for m in means) / max(1, len(means) - 1))
     within = math.sqrt(sum((v - m) ** 2 for g, m in zip(logs, means) for v in g) / max(1, sum(map(len, logs)) - len(logs)))
     flat = [n for group in lengths_by_group for n in group]
-    return {"prompt_tokens": round(prompt_tokens), "mean_tokens": sum(flat) / len(flat), "cap": cap,
-            "prompt_sigma": round(between, 4), "sample_sigma": round(within, 4)}
+    fitted = {"prompt_tokens": round(prompt_tokens), "mean_tokens": sum(flat) / len(flat), "cap": cap,
+              "prompt_sigma": round(between, 4), "sample_sigma": round(within, 4)}
+    if rewards_by_group is not None:
+        trained = sum(len(g) for g in rewards_by_group if len(set(g)) > 1)
+        fitted["informative"] = round(max(trained, 1) / max(1, sum(map(len, rewards_by_group))), 4)
+    return fitted
 
 
 # ---- reading --------------------------------------------------------------------------------------
@@ -172,6 +178,10 @@ def load_profile(path: str | Path) -> Profile:
         if workload is not None:
             workload = _numbers(data, "workload", ("prompt_tokens", "mean_tokens", "cap", "prompt_sigma", "sample_sigma"))
             workload["prompt_tokens"], workload["cap"] = int(workload["prompt_tokens"]), int(workload["cap"])
+            if "informative" in data["workload"]:  # optional: profiles before it train every sample
+                workload.update(_numbers(data, "workload", ("informative",)))
+                if not 0 < workload["informative"] <= 1:
+                    raise _Bad("workload.informative", "a share above 0 and at most 1")
             if workload["mean_tokens"] <= 0 or workload["cap"] < 1:
                 raise _Bad("workload.mean_tokens", "above 0 (and workload.cap at least 1)")
     except KeyError as exc:

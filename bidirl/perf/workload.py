@@ -23,6 +23,9 @@ class Workload:
     prompt_sigma: float  # log-normal spread of per-prompt means (between prompts)
     sample_sigma: float  # spread of samples around their prompt's mean (within a group)
     drift: float = 0.0  # relative growth of the mean over the whole run
+    # share of samples the trainer computes gradients on: GRPO drops groups whose rewards are all equal
+    # (zero advantage); 1.0 for systems that train them anyway (the published presets' step times)
+    informative: float = 1.0
 
     def group_lengths(self, draws: "GroupDraws", group: int, step: int, steps: int) -> List[int]:
         """Lengths of prompt group ``group``'s samples when it is generated at ``step``: fixed standard

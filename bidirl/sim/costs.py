@@ -61,7 +61,7 @@ class CalibratedCosts:
         samples = sum(groups for _, groups in batch) * self.G
         self.window[0] += tokens - samples * self.workload.prompt_tokens
         self.window[1] += samples
-        work = self.perf.train_compute_seconds(tokens)
+        work = self.perf.train_compute_seconds(tokens * self.workload.informative)  # GRPO trains those
         self.train_device_s += work
         return work
 
@@ -132,8 +132,10 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
             train_tokens += tokens
             if on_policy:
                 alone = max(lengths) * instance.step_time(1) + instance.prefill
-                tail = max(tail, alone + perf.train_compute_seconds(tokens, recompute_logprob=False) / devices)
-        work = (gen + perf.train_compute_seconds(train_tokens, recompute_logprob=False)) / devices
+                tail = max(tail, alone + perf.train_compute_seconds(tokens * workload.informative,
+                                                                    recompute_logprob=False) / devices)
+        trained = train_tokens * workload.informative
+        work = (gen + perf.train_compute_seconds(trained, recompute_logprob=False)) / devices
         total += max(work, tail)
     return total / steps
 
@@ -147,7 +149,7 @@ def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups
     share = max(1, batch_groups // max(1, devices // 2))
     shared = _run_alone(costs, 0, share)
     mean_tokens = costs.chunk_tokens[0] / (share * group_size)
-    train = perf.train_compute_seconds(batch_groups * group_size * mean_tokens)
+    train = perf.train_compute_seconds(batch_groups * group_size * mean_tokens * workload.informative)
     chunk_s = sum(_run_alone(costs, share + i * chunk_groups, chunk_groups) for i in range(5)) / 5
     return Estimates(shared / share, train, switch_s, perf.gradient_return_seconds(1), chunk_s)
 

@@ -6,7 +6,7 @@ runtime, from ``bidirl profile`` on this machine, against the step time the runt
 
 Per setting (response lengths, one task each):
   short   the CPU default (``pipelines/cpu-tiny.yaml``): answers of ~2-4 tokens
-  medium  ``pipelines/cpu-long.yaml`` on chains of 2-6 terms: worked steps, ~10-45 tokens
+  medium  ``pipelines/cpu-long.yaml`` with responses capped at 40 tokens (the same base model)
   long    ``pipelines/cpu-long.yaml`` as shipped, chains of 2-16 terms: ~10-130 tokens
 1. ``bidirl profile`` measures the devices through the real engines and the task's own response
    lengths (profile.json);
@@ -34,7 +34,7 @@ BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 SETTINGS = {
     "short": ("pipelines/cpu-tiny.yaml", ["train.prompts_per_step=64", "train.micro_batch_size=64",
                                           "launch.chunk_groups=16"]),
-    "medium": ("pipelines/cpu-long.yaml", ["data.task_config.max_terms=6", "rollout.max_new_tokens=64"]),
+    "medium": ("pipelines/cpu-long.yaml", ["rollout.max_new_tokens=40"]),
     "long": ("pipelines/cpu-long.yaml", []),
 }
 POLICIES = ("async", "bidirl")
