@@ -7,7 +7,8 @@ sampling settings (one thread, as each live device worker runs):
   difference gives the time of one decode step at batch B and the mean context, the rest the prefill;
 * the task's own response lengths (a normal sampled rollout), fitted as a log-normal workload, and
   the share of samples the trainer will train (groups whose rewards differ);
-* training: one optimizer step on batches of increasing token counts;
+* training: one optimizer step on batches of increasing token counts, and a forward-only log-prob
+  pass over the same batches (what recomputing old or reference log-probs costs);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
   same work as a load, so the same figure), into training it looks up a process group built at
@@ -117,14 +118,16 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
                 sample.advantage = sample.advantage or (1.0 if i % 2 else -1.0)
         advance()
 
-        # training: one optimizer step on increasing shares of the batch
-        train_points = []
+        # training: one optimizer step on increasing shares of the batch, and a forward-only log-prob pass
+        train_points, logprob_points = [], []
         for share in (4, 2, 1):
             part = samples[: max(1, len(samples) // share)]
             tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in part)
             train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), 2)})
+            logprob_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.logprobs(part), 2)})
             advance()
         train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
+        logprob = fit_line(logprob_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
 
         # weights and switches
         state = trainer.state_dict()
@@ -143,7 +146,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         switch={"to_rollout_s": load_s, "to_train_s": to_train_s},
         capacity=max(p["batch"] for p in decode_points), workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
-              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S")})
+              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, logprob=logprob)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "profile.json.tmp"
     tmp.write_text(profile.to_json())
@@ -161,13 +164,17 @@ def context_window(model_path: str) -> int:
 
 
 def plot_profile(profile: Profile, path: Path) -> Path:
-    """Measured points against the fitted lines: decode step vs batch, prefill vs tokens, training vs tokens."""
+    """Measured points against the fitted lines: decode step vs batch, and prefill, training and
+    forward-only log-probs vs tokens."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fits = [(profile.prefill, "prefill"), (profile.train, "train step")]
+    if profile.logprob is not None:
+        fits.append((profile.logprob, "forward-only log-probs"))
+    fig, axes = plt.subplots(1, 1 + len(fits), figsize=(4.7 * (1 + len(fits)), 4))
     d = profile.decode.coefficients
     pts = profile.decode.points
     axes[0].plot([p["batch"] for p in pts], [1000 * p["step_s"] for p in pts], "o", label="measured")
@@ -176,8 +183,8 @@ def plot_profile(profile: Profile, path: Path) -> Path:
     axes[0].plot(xs, [1000 * (d["a"] + d["b"] * x + d["c"] * x * ctx) for x in xs], "-",
                  label=f"fit (error {profile.decode.error:.0%})")
     axes[0].set(xlabel="running sequences", ylabel="decode step (ms)", title="decode")
-    for ax, fit, key, title in ((axes[1], profile.prefill, "tokens", "prefill"),
-                                (axes[2], profile.train, "tokens", "train step")):
+    key = "tokens"
+    for ax, (fit, title) in zip(axes[1:], fits):
         points = fit.points
         ys = [p["seconds"] for p in points]
         ax.plot([p[key] for p in points], ys, "o", label="measured")

@@ -92,7 +92,7 @@ def test_the_analytic_presets_are_the_sizes_counted_from_their_published_archite
     counted = count_model(config_from_fields(ARCHITECTURES[preset]), preset)
     assert MODELS[preset].params == pytest.approx(counted.params, rel=1e-4)
     assert MODELS[preset].kv_bytes_per_token == counted.kv_bytes_per_token
-    assert MODELS[preset].buffer_bytes == counted.buffer_bytes
+    assert MODELS[preset].buffer_bytes == counted.buffer_bytes and MODELS[preset].layers == counted.layers
 
 
 def test_a_model_folder_counted_without_weights_has_exactly_the_parameters_of_the_loaded_model(tmp_path):

@@ -62,9 +62,19 @@ def test_the_measured_workload_knows_which_share_of_samples_grpo_trains(tmp_path
 
 
 def test_a_profile_round_trips_through_its_schema(tmp_path):
-    profile = synthetic_profile()
-    (tmp_path / "profile.json").write_text(profile.to_json())
-    assert load_profile(tmp_path / "profile.json") == profile
+    for profile in (synthetic_profile(), synthetic_profile(logprob=Fit({"fixed_s": 0.01, "per_token_s": 5e-5}, 0.04))):
+        (tmp_path / "profile.json").write_text(profile.to_json())
+        assert load_profile(tmp_path / "profile.json") == profile
+
+
+def test_a_fitted_model_charges_a_log_prob_recompute_only_when_asked_and_only_if_measured():
+    plain = synthetic_profile().model()
+    measured = synthetic_profile(logprob=Fit({"fixed_s": 0.01, "per_token_s": 5e-5}, 0.04)).model()
+    assert measured.train_compute_seconds(1000) == plain.train_compute_seconds(1000) == pytest.approx(0.25)
+    assert measured.train_compute_seconds(1000, recompute_logprob=True) == pytest.approx(0.25 + 0.06)
+    assert measured.logprob_seconds(1000) == pytest.approx(0.06)
+    with pytest.raises(ValueError, match="no forward-only log-prob fit"):
+        plain.logprob_seconds(1000)
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -171,6 +181,8 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     profile = load_profile(run / "profile.json")
     assert len(profile.decode.points) >= 4 and len(profile.train.points) == 3
     assert profile.train.coefficients["per_token_s"] > 0 and profile.workload["cap"] == 8
+    assert len(profile.logprob.points) == 3 and 0 < profile.workload["informative"] <= 1
+    assert profile.model().logprob_seconds(1000) < profile.model().train_compute_seconds(1000)  # a forward is cheaper
     cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
                                                   f"sim.profile={run / 'profile.json'}"])
     chosen = plan(cfg)

@@ -198,3 +198,28 @@ def test_case_b_fully_async_beats_colocated_and_the_published_split_ranking_hold
     ratios = [float(line.split("|")[-2]) for line in case_b() if "x colocated" in line]
     eight, sixteen, twentyfour = ratios
     assert eight > sixteen > 1.0 > twentyfour
+
+
+QWEN3_32B = dict(model_type="qwen3", hidden_size=5120, num_hidden_layers=64, num_attention_heads=64,
+                 num_key_value_heads=8, head_dim=128, intermediate_size=25600, vocab_size=151936)
+LLAMA_70B = dict(model_type="llama", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                 num_key_value_heads=8, intermediate_size=28672, vocab_size=128256)
+
+
+@pytest.mark.parametrize("architecture,k,context,intercept_ms,slope_ms,slope_tolerance", [
+    (QWEN3_32B, 2, 500, 14.36, 0.119, 0.05),  # calibration.md, ML.ENERGY fits of vLLM on H100
+    (QWEN3_32B, 2, 4000, 15.08, 0.278, 0.05),
+    (LLAMA_70B, 4, 500, 14.94, 0.107, 0.30),  # the one row the split slope fits badly: +26%
+])
+def test_tensor_parallel_instances_follow_the_published_tp_decode_fits(architecture, k, context, intercept_ms,
+                                                                       slope_ms, slope_tolerance):
+    from bidirl.models.footprint import config_from_fields, count_model
+    from bidirl.perf.analytic import HARDWARE, PerfModel
+
+    perf = PerfModel(HARDWARE["H100"], count_model(config_from_fields(architecture), "published"))
+    a, b = perf.decode_line(context, instance_devices=k)
+    assert 1e3 * a == pytest.approx(intercept_ms, rel=0.06)
+    assert 1e3 * b == pytest.approx(slope_ms, rel=slope_tolerance)
+    one_a, one_b = perf.decode_line(context)
+    assert a < one_a / (k - 0.5) and b < one_b  # k devices decode faster than one, not k times
+    assert perf.max_concurrency(context, k) > k * perf.max_concurrency(context)  # weights leave more room

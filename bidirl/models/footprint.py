@@ -35,7 +35,9 @@ def count_model(hf_config: Any, name: str) -> ModelSpec:
     model.tie_weights()
     params = sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
-    return ModelSpec(name, float(params), kv_bytes_per_token(hf_config), buffer_bytes=float(buffer_bytes))
+    text = getattr(hf_config, "text_config", None) or hf_config
+    return ModelSpec(name, float(params), kv_bytes_per_token(hf_config), buffer_bytes=float(buffer_bytes),
+                     layers=int(text.num_hidden_layers))
 
 
 def kv_bytes_per_token(hf_config: Any) -> float:

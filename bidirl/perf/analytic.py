@@ -9,6 +9,16 @@ Rollout (one vLLM instance per device; :mod:`bidirl.sim.instance` does the conti
     rollout_efficiency scales the decode step: serving benchmarks run CUDA graphs at steady
     state, RL rollouts do not; it is the one free constant, fitted on validation case A (veRL GSM8K).
 
+Tensor-parallel instances of k devices: each device reads 1/k of the weights and of the KV cache
+(its share of the heads), and every layer adds two small all-reduces (``TP_ALLREDUCE_S`` each); the
+context-independent part of the per-sequence slope does not split::
+
+    a_k = a / k + 2 * layers * TP_ALLREDUCE_S        b_k(ctx) = (b0 + b1 * ctx / k) * kv_bytes / 147 KB
+
+with the KV cache of all k devices and prefill at k times the FLOP/s. Against the published TP rows:
+intercept -5% .. +5%, slope +0.4% and +1.4% (32B TP2) but +26% (70B TP4, where the unsplit part
+looks smaller). The simulator and the planner still run one-device instances (k = 1, unchanged).
+
 Model sizes (parameters, KV bytes per token) are counted from a model's config, never written from a
 formula: the presets' published architectures are in ``ARCHITECTURES``, their counts in ``MODELS``
 (recounted by the tests), and any other model is counted when named (:mod:`bidirl.models.footprint`).
@@ -53,6 +63,7 @@ class ModelSpec:
     params: float
     kv_bytes_per_token: float  # bf16 keys and values of every layer
     buffer_bytes: float = 0.0  # non-parameter tensors the model holds (rotary tables, ...)
+    layers: int = 0  # transformer blocks (each costs a tensor-parallel instance two all-reduces per step)
 
     @property
     def weight_bytes(self) -> float:
@@ -80,11 +91,18 @@ ARCHITECTURES: Dict[str, Dict[str, object]] = {
                 num_key_value_heads=8, intermediate_size=27648, vocab_size=152064, tie_word_embeddings=False),
 }
 MODELS: Dict[str, ModelSpec] = {
-    "7B": ModelSpec("7B", 7.6156e9, 57344, 512),
-    "8B": ModelSpec("8B", 8.1907e9, 147456, 512),
-    "14B": ModelSpec("14B", 14.770e9, 196608, 512),
-    "32B": ModelSpec("32B", 32.764e9, 262144, 512),
+    "7B": ModelSpec("7B", 7.6156e9, 57344, 512, 28),
+    "8B": ModelSpec("8B", 8.1907e9, 147456, 512, 36),
+    "14B": ModelSpec("14B", 14.770e9, 196608, 512, 48),
+    "32B": ModelSpec("32B", 32.764e9, 262144, 512, 64),
 }
+
+
+# One small all-reduce in a tensor-parallel group over NVLink, two per layer per decode step: the mean
+# of what the three TP rows of calibration.md leave over the weight reads (ML.ENERGY, vLLM on H100:
+# Qwen3-32B TP2 chat 10 us and reasoning 16 us, Llama-3.3-70B TP4 chat 6 us); tests/test_sim.py
+# checks the resulting errors.
+TP_ALLREDUCE_S = 10e-6
 
 
 @dataclass
@@ -101,12 +119,16 @@ class PerfModel:
     load_s: float = 0.1  # applying staged weights in place in a rollout engine (checkpoint-engine class)
 
     # ---- the PerformanceModel interface (bidirl.perf.model) -------------------------------------
-    def decode_line(self, context: float) -> Tuple[float, float]:
-        """(a, b): a decode step with B running sequences of mean context ``context`` takes a + b * B."""
-        return self.step_intercept * self.rollout_efficiency, self.step_slope(context) * self.rollout_efficiency
+    def decode_line(self, context: float, instance_devices: int = 1) -> Tuple[float, float]:
+        """(a, b): a decode step with B running sequences of mean context ``context`` takes a + b * B,
+        on an instance of ``instance_devices`` devices (tensor parallel: see the module docstring)."""
+        k = instance_devices
+        intercept = self.step_intercept / k + (2 * self.model.layers * TP_ALLREDUCE_S if k > 1 else 0.0)
+        return intercept * self.rollout_efficiency, self.step_slope(context, k) * self.rollout_efficiency
 
-    def prefill_seconds_per_token(self) -> float:
-        return 2 * self.model.params / (self.mfu * self.hardware.peak_flops) * self.rollout_efficiency
+    def prefill_seconds_per_token(self, instance_devices: int = 1) -> float:
+        flops = self.mfu * self.hardware.peak_flops * instance_devices
+        return 2 * self.model.params / flops * self.rollout_efficiency
 
     def load_seconds(self) -> float:
         return self.load_s
@@ -123,11 +145,14 @@ class PerfModel:
     def step_intercept(self) -> float:
         return self.model.weight_bytes / self.hardware.hbm_bw / 0.75
 
-    def step_slope(self, context: float) -> float:
-        return (0.054e-3 + 5.2e-8 * context) * self.model.kv_bytes_per_token / 147e3 * 3.35e12 / self.hardware.hbm_bw
+    def step_slope(self, context: float, instance_devices: int = 1) -> float:
+        """Per running sequence: a part that does not split over a TP group, and the KV-cache reads that
+        grow with the context, which do (each device holds 1/k of the KV heads)."""
+        scale = self.model.kv_bytes_per_token / 147e3 * 3.35e12 / self.hardware.hbm_bw
+        return (0.054e-3 + 5.2e-8 * context / instance_devices) * scale
 
-    def max_concurrency(self, context: float) -> int:
-        free = (self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
+    def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
+        free = (instance_devices * self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
         return max(1, int(free / (self.model.kv_bytes_per_token * max(context, 1.0))))
 
     # ---- training -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@
     decode    step(B, ctx) = a + b * B + c * B * ctx      least squares over (batch, context) points
     prefill   seconds per prompt token
     train     step(tokens) = fixed + per_token * tokens    one device, gradients and optimizer step
+    logprob   forward(tokens) = fixed + per_token * tokens  one device, log-probs only (optional)
     weights   load (into the rollout engine), publish (flatten + hand-off), bytes
     switch    into rollout (loads weights into the engine) and into training (a lookup)
     workload  the task's own response lengths under the pipeline's sampling settings (optional)
@@ -47,6 +48,7 @@ class Profile:
     capacity: int  # sequences one engine decodes at once
     workload: Optional[Dict[str, float]] = None
     meta: Dict[str, Any] = field(default_factory=dict)
+    logprob: Optional[Fit] = None  # fixed_s, per_token_s (forward-only); absent in older profiles
 
     def model(self, recompute_logprob: bool = False) -> "FittedModel":
         return FittedModel(self)
@@ -67,22 +69,35 @@ class FittedModel:
         self.a, self.b, self.c = d["a"], d["b"], d["c"]
         self.per_token, self.train_fixed = t["per_token_s"], t["fixed_s"]
 
-    def decode_line(self, context: float) -> Tuple[float, float]:
+    def decode_line(self, context: float, instance_devices: int = 1) -> Tuple[float, float]:
+        one_device(instance_devices)
         return max(0.0, self.a), max(1e-9, self.b + self.c * context)  # a noisy fit never gives negative time
 
-    def prefill_seconds_per_token(self) -> float:
+    def prefill_seconds_per_token(self, instance_devices: int = 1) -> float:
+        one_device(instance_devices)
         return self.profile.prefill.coefficients["per_token"]
 
-    def max_concurrency(self, context: float) -> int:
+    def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
+        one_device(instance_devices)
         return self.profile.capacity
 
     def __repr__(self) -> str:  # a stable key for the simulator's memoised bound
         return f"FittedModel({self.profile.device}, {self.profile.meta.get('measured', '')}, {self.a}, {self.per_token})"
 
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
-        # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass;
-        # a noisy fit never gives a negative time
-        return max(0.0, self.train_fixed + self.per_token * tokens)
+        # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass
+        # unless asked for explicitly; a noisy fit never gives a negative time
+        seconds = self.train_fixed + self.per_token * tokens
+        if recompute_logprob and self.profile.logprob is not None:
+            seconds += self.logprob_seconds(tokens)
+        return max(0.0, seconds)
+
+    def logprob_seconds(self, tokens: float) -> float:
+        """A forward-only log-prob pass over ``tokens`` (old/proximal or reference log-probs)."""
+        if self.profile.logprob is None:
+            raise ValueError("this profile has no forward-only log-prob fit: measure it again with `bidirl profile`")
+        fit = self.profile.logprob.coefficients
+        return max(0.0, fit["fixed_s"] + fit["per_token_s"] * tokens)
 
     def allreduce_seconds(self, devices: int) -> float:
         return 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.profile.weights["publish_s"]
@@ -103,6 +118,12 @@ class FittedModel:
     def switch_seconds(self, to: str = "") -> float:
         s = self.profile.switch
         return {"rollout": s["to_rollout_s"], "train": s["to_train_s"]}.get(to, max(s.values()))
+
+
+def one_device(instance_devices: int) -> None:
+    if instance_devices != 1:
+        raise ValueError(f"a profile measures one-device rollout instances, not {instance_devices}-device ones: "
+                         "use the analytic model for tensor-parallel instances")
 
 
 # ---- fitting ------------------------------------------------------------------------------------
@@ -171,6 +192,7 @@ def load_profile(path: str | Path) -> Profile:
                 (("decode", ("a", "b", "c")), ("prefill", ("per_token",)), ("train", ("fixed_s", "per_token_s")))}
         weights = _numbers(data, "weights", ("load_s", "publish_s", "bytes"))
         switch = _numbers(data, "switch", ("to_rollout_s", "to_train_s"))
+        logprob = _fit(data, "logprob", ("fixed_s", "per_token_s")) if data.get("logprob") is not None else None
         capacity = data["capacity"]
         if not isinstance(capacity, int) or capacity < 1:
             raise _Bad("capacity", "a positive integer")
@@ -189,7 +211,7 @@ def load_profile(path: str | Path) -> Profile:
     except _Bad as exc:
         raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
     return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
-                   capacity, workload, dict(data.get("meta") or {}))
+                   capacity, workload, dict(data.get("meta") or {}), logprob)
 
 
 class _Bad(Exception):

@@ -13,15 +13,15 @@ from typing import Optional, Protocol, Tuple
 
 
 class PerformanceModel(Protocol):
-    # rollout: one engine instance per device
-    def decode_line(self, context: float) -> Tuple[float, float]:
+    # rollout: one engine instance of ``instance_devices`` devices (tensor parallel; 1 = a device each)
+    def decode_line(self, context: float, instance_devices: int = 1) -> Tuple[float, float]:
         """(a, b): one decode step of B running sequences of mean context ``context`` takes a + b * B."""
         ...
 
-    def prefill_seconds_per_token(self) -> float: ...
+    def prefill_seconds_per_token(self, instance_devices: int = 1) -> float: ...
 
-    def max_concurrency(self, context: float) -> int:
-        """Sequences of that context the KV cache holds at once."""
+    def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
+        """Sequences of that context the instance's KV cache holds at once."""
         ...
 
     # training
