@@ -101,8 +101,9 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         prefill = fit_line(prefill_points, "tokens", "seconds", ("fixed_s", "per_token"))
         prefill.coefficients["per_token"] = max(0.0, prefill.coefficients["per_token"])
 
-        # the task's own response lengths, and samples to train on
-        groups = max(batch_sizes(cfg))
+        # the task's own response lengths, and samples to train on: one whole batch of the run, so the
+        # training points span the step the run will train (a fit extrapolated from small parts misleads)
+        groups = min(len(problems), max(cfg.train.prompts_per_step, max(batch_sizes(cfg))))
         samples: List[Sample] = rollout.generate([prompt(p) for p in problems[:groups]], sampling)
         for sample in samples:
             sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer)

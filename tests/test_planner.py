@@ -67,6 +67,24 @@ def test_a_profile_round_trips_through_its_schema(tmp_path):
         assert load_profile(tmp_path / "profile.json") == profile
 
 
+def test_a_measured_workload_replays_its_groups_scaled_to_the_mean_asked_for(tmp_path):
+    import dataclasses
+
+    from bidirl.perf.fitted import fit_workload
+    from bidirl.perf.workload import GroupDraws
+
+    measured = fit_workload([[10, 10, 10, 10], [30, 30, 30, 30]], 9.0, 40)
+    profile = synthetic_profile(workload=measured)
+    (tmp_path / "profile.json").write_text(profile.to_json())
+    workload = load_profile(tmp_path / "profile.json").measured_workload()
+    draws = GroupDraws(0, 4)
+    groups = [workload.group_lengths(draws, g, 0, 10) for g in range(200)]
+    assert {tuple(g) for g in groups} == {(10,) * 4, (30,) * 4}  # the measured shapes, not a log-normal
+    assert groups == [workload.group_lengths(GroupDraws(0, 4), g, 0, 10) for g in range(200)]  # common draws
+    longer = dataclasses.replace(workload, mean_tokens=40.0)  # what the re-planner asks about
+    assert {tuple(longer.group_lengths(draws, g, 0, 10)) for g in range(200)} == {(20,) * 4, (40,) * 4}  # capped
+
+
 def test_a_fitted_model_charges_a_log_prob_recompute_only_when_asked_and_only_if_measured():
     plain = synthetic_profile().model()
     measured = synthetic_profile(logprob=Fit({"fixed_s": 0.01, "per_token_s": 5e-5}, 0.04)).model()

@@ -54,7 +54,11 @@ class Profile:
         return FittedModel(self)
 
     def measured_workload(self) -> Optional[Workload]:
-        return Workload(name="measured", **self.workload) if self.workload else None
+        if not self.workload:
+            return None
+        fields = {k: v for k, v in self.workload.items() if k != "groups"}
+        groups = tuple(tuple(int(n) for n in g) for g in self.workload.get("groups") or ())
+        return Workload(name="measured", **fields, empirical=groups)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2)
@@ -177,6 +181,7 @@ def fit_workload(lengths_by_group: List[List[int]], prompt_tokens: float, cap: i
     if rewards_by_group is not None:
         trained = sum(len(g) for g in rewards_by_group if len(set(g)) > 1)
         fitted["informative"] = round(max(trained, 1) / max(1, sum(map(len, rewards_by_group))), 4)
+    fitted["groups"] = [list(g) for g in lengths_by_group if g]  # the simulator replays these
     return fitted
 
 
@@ -200,6 +205,12 @@ def load_profile(path: str | Path) -> Profile:
         if workload is not None:
             workload = _numbers(data, "workload", ("prompt_tokens", "mean_tokens", "cap", "prompt_sigma", "sample_sigma"))
             workload["prompt_tokens"], workload["cap"] = int(workload["prompt_tokens"]), int(workload["cap"])
+            groups = data["workload"].get("groups")
+            if groups is not None:
+                if not (isinstance(groups, list) and groups and all(
+                        isinstance(g, list) and g and all(isinstance(n, int) and n >= 1 for n in g) for g in groups)):
+                    raise _Bad("workload.groups", "a list of groups of positive whole lengths")
+                workload["groups"] = groups
             if "informative" in data["workload"]:  # optional: profiles before it train every sample
                 workload.update(_numbers(data, "workload", ("informative",)))
                 if not 0 < workload["informative"] <= 1:

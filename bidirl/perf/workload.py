@@ -3,7 +3,10 @@
 Lengths of one prompt's samples are strongly correlated (PolyTrace): a prompt draws a log-normal
 "difficulty" mean, its G samples scatter around it with a smaller spread. A share of samples hits the
 cap (reasoning at 16k). Drift multiplies every mean by ``1 + drift * step / steps`` (RL makes reasoning
-longer as training proceeds). Deterministic for a seed. Presets follow ``calibration.md``.
+longer as training proceeds). Deterministic for a seed. Presets follow ``calibration.md``. A workload
+measured by ``bidirl profile`` can instead replay its measured groups (``empirical``): a task's
+lengths need not be log-normal (chains of 2-16 steps give nearly uniform lengths, whose tail a
+log-normal of the same mean and spread overstates).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 
 @dataclass(frozen=True)
@@ -26,16 +29,29 @@ class Workload:
     # share of samples the trainer computes gradients on: GRPO drops groups whose rewards are all equal
     # (zero advantage); 1.0 for systems that train them anyway (the published presets' step times)
     informative: float = 1.0
+    # measured groups of response lengths (a profile's own rollout): when given, a group's lengths are
+    # one of them, picked by its draw and scaled to ``mean_tokens``, instead of the log-normal shape
+    empirical: Tuple[Tuple[int, ...], ...] = ()
 
     def group_lengths(self, draws: "GroupDraws", group: int, step: int, steps: int) -> List[int]:
         """Lengths of prompt group ``group``'s samples when it is generated at ``step``: fixed standard
         normal draws per group, scaled by this workload (and its drift at ``step``)."""
         z_prompt, z_samples = draws.draws(group)
         mean = self.mean_tokens * (1.0 + self.drift * step / max(1, steps))
+        if self.empirical:
+            return self._measured_group(z_prompt, len(z_samples), mean)
         # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2
         prompt_mean = math.exp(math.log(mean) - self.prompt_sigma ** 2 / 2 + self.prompt_sigma * z_prompt)
         mu = math.log(prompt_mean) - self.sample_sigma ** 2 / 2
         return [max(1, min(self.cap, int(math.exp(mu + self.sample_sigma * z)))) for z in z_samples]
+
+    def _measured_group(self, z: float, size: int, mean: float) -> List[int]:
+        """The measured group the draw ``z`` picks (its quantile), its lengths scaled so that the
+        measured mean becomes ``mean`` and kept under the cap; G samples, cycling if the group is smaller."""
+        pick = self.empirical[min(len(self.empirical) - 1, int(0.5 * (1 + math.erf(z / math.sqrt(2))) * len(self.empirical)))]
+        measured_mean = sum(map(sum, self.empirical)) / sum(map(len, self.empirical))
+        scale = mean / measured_mean
+        return [max(1, min(self.cap, round(pick[i % len(pick)] * scale))) for i in range(size)]
 
 
 class GroupDraws:

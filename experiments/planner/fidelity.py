@@ -66,11 +66,14 @@ def measure(name: str, steps: int, root: Path) -> list:
         predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False)
         summary = live(pipeline, overrides, root / name, policy)
         measured_step = summary["rl_seconds"] / summary["steps"]
+        fits = json.loads(Path(profile_json).read_text())
         rows.append({"setting": name, "policy": policy, "predicted_step_s": round(predicted.step_s, 4),
                      "measured_step_s": round(measured_step, 4),
                      "ratio": round(predicted.step_s / measured_step, 3),
+                     "predicted_switches": predicted.switches, "measured_switches": summary["switches"]["count"],
+                     "fit_errors": {k: round(fits[k]["error"], 4) for k in ("decode", "prefill", "train")},
                      "predicted_breakdown": predicted.time_breakdown, "measured_breakdown": summary["time_breakdown"],
-                     "workload": json.loads(Path(profile_json).read_text())["workload"],
+                     "workload": {k: v for k, v in fits["workload"].items() if k != "groups"},
                      "measured_tokens_per_sample": round(summary["tokens_per_s"] / summary["samples_per_s"], 1)})
         print(f"{name:6s} {policy:7s} predicted {predicted.step_s:.3f} s  measured {measured_step:.3f} s  "
               f"ratio {rows[-1]['ratio']:.3f}", flush=True)
@@ -86,19 +89,20 @@ def main() -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", default=str(Path(__file__).with_name("fidelity.json")))
+    parser.add_argument("--work", default="", help="keep the profiles and live runs here (default: a temporary folder)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings.split(","):
-            rows += measure(name, args.steps, Path(scratch))
+            rows += measure(name, args.steps, Path(args.work or scratch))
     Path(args.out).write_text(json.dumps(rows, indent=2))
     print("\n| setting | mean response (profiled) | policy | predicted step s | measured step s | predicted / measured "
-          "| busy, predicted | busy, measured |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| busy, predicted | busy, measured | switches, predicted / measured |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setting']} | {r['workload']['mean_tokens']:.1f} | {r['policy']} | {r['predicted_step_s']:.3f} | "
               f"{r['measured_step_s']:.3f} | {r['ratio']:.2f} | {busy(r['predicted_breakdown'])} | "
-              f"{busy(r['measured_breakdown'])} |")
+              f"{busy(r['measured_breakdown'])} | {r['predicted_switches']} / {r['measured_switches']} |")
 
 
 if __name__ == "__main__":
