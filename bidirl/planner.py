@@ -41,6 +41,7 @@ from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.workload import Workload
+from bidirl.sched.assembly import LIVE, DriverCapabilities
 from bidirl.sched.estimates import Estimates, balanced_split
 from bidirl.sched.policy import POLICIES
 from bidirl.sim.run import model_estimates, perf_model, sim_workload, simulate
@@ -99,9 +100,12 @@ def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
 
 
 def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON,
-         workload: Optional[Workload] = None, check_memory: bool = True) -> Plan:
+         workload: Optional[Workload] = None, check_memory: bool = True,
+         driver: Optional[DriverCapabilities] = None) -> Plan:
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
-    ``workload``: lengths measured by a running job); impossible settings are BidirlError."""
+    ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
+    the simulated cluster's; :data:`~bidirl.sched.assembly.LIVE` for a ``bidirl launch`` run);
+    impossible settings are BidirlError."""
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
     legal = preflight(cfg, policy, check_memory)
@@ -110,19 +114,19 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     devices = cfg.cluster.devices
     perf, workload = perf_model(cfg), workload or sim_workload(cfg)
     if POLICIES[policy].synchronous:  # colocated: every device does both, nothing to partition
-        result = simulate(short, policy, with_bound=False, workload=workload)
+        result = simulate(short, policy, with_bound=False, workload=workload, driver=driver)
         only = Candidate(0, result.samples_per_s, result.step_s, result.time_breakdown)
         return _plan(cfg, policy, only, [only], "colocated policy: every device generates, then trains",
                      steps, 1, start)
     if devices > REPLICA:
-        return _plan_on_replica(cfg, policy, legal, start, workload, horizon)
+        return _plan_on_replica(cfg, policy, legal, start, workload, horizon, driver)
     est = model_estimates(cfg, perf, workload)
     balance = balanced_split(devices, est, cfg.train.prompts_per_step)  # preflight: devices >= 2
     scored: Dict[int, Candidate] = {}
 
     def score(x: int) -> float:
         if x not in scored:
-            scored[x] = candidate(short, policy, x, workload)
+            scored[x] = candidate(short, policy, x, workload, driver)
         return scored[x].samples_per_s
 
     search(legal, balance, score)
@@ -167,19 +171,20 @@ def planning_config(cfg: PipelineConfig, horizon: int = HORIZON) -> PipelineConf
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
 
 
-def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload: Optional[Workload] = None) -> Candidate:
+def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload: Optional[Workload] = None,
+              driver: Optional[DriverCapabilities] = None) -> Candidate:
     """The planner's score of one split: ``policy`` simulated on it over the planning horizon."""
-    r = simulate(short, policy, rollout_devices=rollout_devices, with_bound=False, workload=workload)
+    r = simulate(short, policy, rollout_devices=rollout_devices, with_bound=False, workload=workload, driver=driver)
     return Candidate(rollout_devices, r.samples_per_s, r.step_s, r.time_breakdown)
 
 
 def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: float,
-                     workload: Optional[Workload], horizon: int) -> Plan:
+                     workload: Optional[Workload], horizon: int, driver: Optional[DriverCapabilities]) -> Plan:
     """Memory is checked on the full cluster (``legal``), not on the replica, whose pools are smaller."""
     devices, factor = cfg.cluster.devices, cfg.cluster.devices / REPLICA
     replica = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, devices=REPLICA), train=dataclasses.replace(
         cfg.train, prompts_per_step=max(1, round(cfg.train.prompts_per_step / factor))))
-    small = plan(replica, policy, horizon, workload, check_memory=False)
+    small = plan(replica, policy, horizon, workload, check_memory=False, driver=driver)
     scaled = [Candidate(min(legal, key=lambda x: abs(x - a["rollout_devices"] * factor)), a["samples_per_s"] * factor,
                         a["step_s"]) for a in small.alternatives]
     chosen = Candidate(min(legal, key=lambda x: abs(x - small.rollout_devices * factor)),
@@ -222,14 +227,15 @@ def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, 
                 steps, simulated, round(time.perf_counter() - start, 2))
 
 
-def replanner(cfg: PipelineConfig, policy: Optional[str] = None) -> Callable[[float], int]:
+def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
+              driver: Optional[DriverCapabilities] = None) -> Callable[[float], int]:
     """For re-planning at run time: mean response length measured -> the planner's split for it (the
     pipeline's workload with that mean and no further drift)."""
     base = sim_workload(cfg)
 
     def choose(mean_tokens: float) -> int:
         measured = dataclasses.replace(base, mean_tokens=mean_tokens, drift=0.0)
-        return plan(cfg, policy, workload=measured).rollout_devices
+        return plan(cfg, policy, workload=measured, driver=driver).rollout_devices
 
     return choose
 
@@ -271,7 +277,7 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
             "pass sim.profile=.../profile.json to let the planner choose)")
         return []
     try:
-        chosen = plan(cfg).rollout_devices
+        chosen = plan(cfg, driver=LIVE).rollout_devices  # scored as the live runtime will run it
     except (ValueError, RuntimeError) as exc:  # an impossible setting: one line, before any process starts
         raise BidirlError(f"plan: {exc}") from None
     say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "

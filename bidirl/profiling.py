@@ -30,6 +30,7 @@ from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, fit_workload
 from bidirl.samples import Sample, SamplingParams
 
 REPEATS = 3  # each timing is the median of this many runs
+DECODE_REPEATS = 5  # decode steps come from a difference of two timings: more of them
 
 
 def median_time(work: Callable[[], Any], repeats: int = REPEATS) -> float:
@@ -76,8 +77,10 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # stay inside the model's context window (prompt included), which a long-response task nears.
         room = context_window(model.path) - max(len(rollout.tokenizer(prompt(p), add_special_tokens=False).input_ids)
                                                for p in problems[: max(batch_sizes(cfg))]) - 1
-        short = max(2, min(cfg.rollout.max_new_tokens // 2, room // 8))
-        long_ = max(short + 2, min(cfg.rollout.max_new_tokens * 2, room // 4))
+        # (a wide difference: two generate calls' overheads do not cancel exactly, and 12 steps of
+        # difference left the fit 30-40% off on a long-response task)
+        short = max(4, min(cfg.rollout.max_new_tokens, room // 6))
+        long_ = max(4 * short, min(4 * cfg.rollout.max_new_tokens, room // 2))
         longest = min(4 * long_, room)
         points = [(g, (short, long_)) for g in batch_sizes(cfg)]
         if longest > long_:
@@ -90,7 +93,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             seconds = {}
             for length in (short, long_):
                 fixed = SamplingParams(n=G, max_new_tokens=length, temperature=1.0, ignore_eos=True)
-                seconds[length] = median_time(lambda: rollout.generate(prompts, fixed))
+                seconds[length] = median_time(lambda: rollout.generate(prompts, fixed), DECODE_REPEATS)
             step = max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short))
             context = statistics.mean(lengths) + (short + long_) / 2
             decode_points.append({"batch": groups * G, "context": context, "step_s": step})

@@ -17,7 +17,7 @@ from bidirl.config import PipelineConfig
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import median, pool_idle_ratio, switch_overheads, time_breakdown
+from bidirl.sched.trace import median, pool_idle_ratio, steady_step_s, switch_overheads, time_breakdown
 from bidirl.ui import say
 
 
@@ -103,6 +103,8 @@ class RunReport:
             "load_median_ms": round(1000 * median(m.seconds for m in self.loads), 2),
             "switches": switches, "leases": cluster.lease_summary(), "curve": curve,
             "replica_checks": self.replica_checks,
+            "steady_step_s": round(steady_step_s(cluster.version_times), 4),  # after the first few steps
+            "version_times": [round(t, 3) for t in cluster.version_times],
             "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),
         }
         if curve:

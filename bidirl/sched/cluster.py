@@ -131,6 +131,7 @@ class Cluster:
         self.rehoming: set = set()
         self.leaving: set = set()
         self.rehomes: List[Tuple[float, int, str]] = []  # (time, device, new home)
+        self.version_times: List[float] = [0.0]  # when each version came to exist (steady-state step times)
         # idle devices per served role, kept up to date from every traced transition (O(1) lookups)
         self.idle_sets: Dict[Role, set] = {Role.ROLLOUT: set(), Role.TRAIN: set()}
         for d in self.devices:
@@ -410,6 +411,7 @@ class Cluster:
             if not self.untrained[chunk.version]:
                 del self.untrained[chunk.version]
         self.version = event.version
+        self.version_times.append(self.now)
         trainers, self.training, self.training_devices = self.training_devices, None, []
         for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;
             if self.devices[index].home is Role.TRAIN:  # a lent rollout device only lent its gradients

@@ -106,3 +106,13 @@ def switch_overheads(trace: Sequence[dict]) -> List[Dict[str, float]]:
 def median(values: Iterable[float]) -> float:
     values = list(values)
     return statistics.median(values) if values else 0.0
+
+
+def steady_step_s(version_times: Sequence[float], warmup: int = 3) -> float:
+    """Mean step time after the first ``warmup`` versions (the pipeline filling up, engines warming
+    up), from the times each version came to exist; the plain mean for runs too short to skip any."""
+    steps = len(version_times) - 1
+    if steps < 1:
+        return 0.0
+    first = warmup if steps > warmup + 1 else 0
+    return (version_times[-1] - version_times[first]) / (steps - first)

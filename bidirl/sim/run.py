@@ -15,7 +15,7 @@ from bidirl.sched.assembly import DriverCapabilities, assemble
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
-from bidirl.sched.trace import pool_idle_ratio, time_breakdown
+from bidirl.sched.trace import pool_idle_ratio, steady_step_s, time_breakdown
 from bidirl.sim.costs import CalibratedCosts, estimates, make_instance, step_bound
 from bidirl.sim.simulator import Simulator
 
@@ -38,6 +38,7 @@ class SimResult:
     leases: Dict[str, Dict[str, float]]
     sim_seconds: float
     cluster: Optional[Cluster] = field(default=None, repr=False)
+    steady_step_s: float = 0.0  # mean step after the first few (sched.trace.steady_step_s)
 
     @property
     def efficiency(self) -> float:
@@ -96,10 +97,15 @@ def model_estimates(cfg: PipelineConfig, perf: Optional[PerformanceModel] = None
 def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
              rollout_devices: Optional[int] = None, keep_trace: bool = False, with_bound: bool = True,
              workload: Optional[Workload] = None, replan: Optional[Callable[[float], int]] = None,
-             replan_every: int = 10) -> SimResult:
+             replan_every: int = 10, driver: Optional[DriverCapabilities] = None) -> SimResult:
     """``policy_name`` on the configured cluster (or on ``workload``). With ``replan`` (mean response
     length -> rollout devices, e.g. the planner), the partition is re-planned every ``replan_every``
-    steps on the lengths measured so far (:class:`~bidirl.sched.replanning.LengthReplanner`)."""
+    steps on the lengths measured so far (:class:`~bidirl.sched.replanning.LengthReplanner`).
+
+    ``driver``: the capabilities to simulate (default: the simulated cluster's -- mid-step joins,
+    interruptible generation, continuous batching of a KV cache's worth of groups). Pass the live
+    runtime's (:data:`~bidirl.sched.assembly.LIVE`) to predict a ``bidirl launch`` run: one chunk in
+    flight per device, no mid-step join, loads at the chunk's end."""
     start = time.perf_counter()
     perf, workload = perf_model(cfg), workload or sim_workload(cfg)
     shape = cfg.run_shape()
@@ -112,8 +118,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     est = model_estimates(cfg, perf, workload)
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
     capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
-    simulator_can = DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
-                                       inflight_groups=capacity_groups, rehomes=True)
+    simulator_can = driver or DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
+                                                 inflight_groups=capacity_groups, rehomes=True)
     costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
     replanner = (LengthReplanner(replan_every, lambda: costs.measured_mean_response(), replan) if replan
                  else NO_REPLANNING)
@@ -131,7 +137,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      pool_idle_ratio(cluster.trace, makespan, homes_map),
                      time_breakdown(cluster.trace, makespan, homes_map), dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
-                     cluster if keep_trace else None)
+                     cluster if keep_trace else None, steady_step_s(cluster.version_times))
 
 
 _BOUNDS: Dict[tuple, float] = {}
