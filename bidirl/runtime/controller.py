@@ -39,7 +39,7 @@ from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import LIVE, assemble
 from bidirl.sched.estimates import NO_ESTIMATES, Estimates, MeasuredEstimates
-from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner
+from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner, ResponseLengths
 from bidirl.sched.roles import Role
 from bidirl.sched.trace import median
 from bidirl.ui import progress_bar, say
@@ -55,12 +55,13 @@ class Controller:
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
         self.measured = MeasuredEstimates(prior=self.prior or NO_ESTIMATES)
-        self.window = [0, 0]  # response tokens and samples trained since the replanner last asked
+        self.trained_lengths = ResponseLengths()  # what the re-planner reads
         self.replanner: Replanner = NO_REPLANNING
         if cfg.cluster.replan_every:
             if choose is None:
                 raise BidirlError("cluster.replan_every needs the planner: start the runtime with `bidirl launch`")
-            self.replanner = LengthReplanner(cfg.cluster.replan_every, self.measured_mean_response, choose)
+            self.replanner = LengthReplanner(cfg.cluster.replan_every, self.trained_lengths.mean_since_last_asked,
+                                             choose)
         assembly = assemble(cfg.launch.mode, cfg.run_shape(), LIVE, self.measured, self.replanner)
         self.policy, self.cluster = assembly.policy, assembly.cluster
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path)))
@@ -201,8 +202,7 @@ class Controller:
             self.mailbox.send(device, command)
         self.pending["train"] = set(action.devices)
         self.batch_stats = batch.stats
-        self.window[0] += batch.stats["tokens"]
-        self.window[1] += batch.stats["samples"]
+        self.trained_lengths.trained(batch.stats["tokens"], batch.stats["samples"])
 
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background
         self.sync_started = time.perf_counter()
@@ -228,12 +228,6 @@ class Controller:
         if action.home is Role.TRAIN:
             self.mailbox.send(self.cluster.primary, msg.ShareTrainState(action.device))
         self.mailbox.send(action.device, msg.ChangeHome(action.home))
-
-    def measured_mean_response(self) -> Optional[float]:
-        """Mean response length of the samples trained since the last call (the replanner's input)."""
-        tokens, samples = self.window
-        self.window = [0, 0]
-        return tokens / samples if samples else None
 
     EXECUTE = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync, ev.Load: _load,
                ev.Switch: _switch, ev.Rehome: _rehome}

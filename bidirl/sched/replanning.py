@@ -44,6 +44,23 @@ class NoReplanning:
 NO_REPLANNING = NoReplanning()
 
 
+class ResponseLengths:
+    """What a driver measures for the :class:`LengthReplanner`: response tokens and samples of the
+    batches trained since it last asked (the simulator and the live controller both keep one)."""
+
+    def __init__(self) -> None:
+        self.tokens = self.samples = 0
+
+    def trained(self, tokens: int, samples: int) -> None:
+        self.tokens += tokens
+        self.samples += samples
+
+    def mean_since_last_asked(self) -> Optional[float]:
+        tokens, samples = self.tokens, self.samples
+        self.tokens = self.samples = 0
+        return tokens / samples if samples else None
+
+
 class LengthReplanner:
     def __init__(self, every: int, measured: Callable[[], Optional[float]], choose: Callable[[float], int]):
         if every < 1:

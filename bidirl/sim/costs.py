@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Tuple
 
 from bidirl.sched.cluster import Chunk
 from bidirl.sched.estimates import Estimates
+from bidirl.sched.replanning import ResponseLengths
 from bidirl.perf.model import PerformanceModel as PerfModel
 from bidirl.perf.workload import GroupDraws, Workload
 from bidirl.sim.instance import Instance
@@ -34,7 +35,7 @@ class CalibratedCosts:
         self.finished: Dict[int, Deque[int]] = {}  # chunk -> tokens of its groups done, in completion order
         self.train_device_s = 0.0
         self.switches = 0
-        self.window = [0, 0]  # response tokens, samples trained since the last measured_mean_response()
+        self.trained_lengths = ResponseLengths()  # what the re-planner reads
 
     def make_instance(self) -> Instance:
         return make_instance(self.perf, self.workload)
@@ -59,17 +60,10 @@ class CalibratedCosts:
         takes a chunk's completed groups in the order they completed, so they are popped in that order."""
         tokens = sum(self.finished[c.index].popleft() for c, groups in batch for _ in range(groups))
         samples = sum(groups for _, groups in batch) * self.G
-        self.window[0] += tokens - samples * self.workload.prompt_tokens
-        self.window[1] += samples
+        self.trained_lengths.trained(tokens - samples * self.workload.prompt_tokens, samples)
         work = self.perf.train_compute_seconds(tokens * self.workload.informative)  # GRPO trains those
         self.train_device_s += work
         return work
-
-    def measured_mean_response(self) -> Optional[float]:
-        """Mean response length of the samples trained since the last call (what a running job measures)."""
-        tokens, samples = self.window
-        self.window = [0, 0]
-        return tokens / samples if samples else None
 
     def adopt(self, device: int) -> float:
         """A device joining the train pool for good receives the primary's training state."""

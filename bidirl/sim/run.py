@@ -121,8 +121,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     simulator_can = driver or DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
                                                  inflight_groups=capacity_groups, rehomes=True)
     costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
-    replanner = (LengthReplanner(replan_every, lambda: costs.measured_mean_response(), replan) if replan
-                 else NO_REPLANNING)
+    replanner = (LengthReplanner(replan_every, lambda: costs.trained_lengths.mean_since_last_asked(), replan)
+                 if replan else NO_REPLANNING)
     run = assemble(policy_name, shape, simulator_can, est, replanner)
     policy, cluster = run.policy, run.cluster
     costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s)
