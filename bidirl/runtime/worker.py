@@ -254,8 +254,13 @@ class Worker:
         return self.rollout.update_weights(self.train.state_dict(), self.train.version)
 
     def weights_checksum(self) -> "tuple[float, float]":
-        flat = self.torch.nn.utils.parameters_to_vector(self.params).detach().double()
-        return float(flat.sum()), float((flat * flat).sum())
+        """(sum, sum of squares) of the weights, reduced in float64 parameter by parameter: no flattened
+        or widened copy of the model on every step."""
+        torch, f64 = self.torch, self.torch.float64
+        with torch.no_grad():
+            total = sum(float(torch.sum(p, dtype=f64)) for p in self.params)
+            squares = sum(float(torch.linalg.vector_norm(p, dtype=f64)) ** 2 for p in self.params)
+        return total, squares
 
     def save_snapshot(self, version: int) -> None:
         path = self.run_path / "snapshots" / f"v{version:05d}.pt"
