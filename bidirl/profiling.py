@@ -5,10 +5,11 @@ sampling settings (one thread, as each live device worker runs):
 
 * decode: batches of B sequences generated to a fixed length L (EOS ignored) for two lengths; the
   difference gives the time of one decode step at batch B and the mean context, the rest the prefill;
-* the task's own response lengths (a normal sampled rollout), fitted as a log-normal workload, and
-  the share of samples the trainer will train (groups whose rewards differ);
-* training: one optimizer step on batches of increasing token counts, and a forward-only log-prob
-  pass over the same batches (what recomputing old or reference log-probs costs);
+* the task's own response lengths (a normal sampled rollout of one whole batch), kept as measured
+  groups that the simulator replays (with a log-normal fit beside them), and the share of samples
+  the trainer will train (groups whose rewards differ);
+* training: one optimizer step on a quarter, a half and all of that batch, and a forward-only
+  log-prob pass over the same parts (what recomputing old or reference log-probs costs);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
   same work as a load, so the same figure), into training it looks up a process group built at
@@ -75,8 +76,10 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
 
         # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps. Lengths
         # stay inside the model's context window (prompt included), which a long-response task nears.
-        room = context_window(model.path) - max(len(rollout.tokenizer(prompt(p), add_special_tokens=False).input_ids)
-                                               for p in problems[: max(batch_sizes(cfg))]) - 1
+        largest = max(batch_sizes(cfg))
+        prompts_of = [prompt(p) for p in problems[:largest]]  # the batches below are prefixes of these
+        tokens_of = [len(rollout.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts_of]
+        room = context_window(model.path) - max(tokens_of) - 1
         # (a wide difference: two generate calls' overheads do not cancel exactly, and 12 steps of
         # difference left the fit 30-40% off on a long-response task)
         short = max(4, min(cfg.rollout.max_new_tokens, room // 6))
@@ -84,11 +87,10 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         longest = min(4 * long_, room)
         points = [(g, (short, long_)) for g in batch_sizes(cfg)]
         if longest > long_:
-            points.append((max(batch_sizes(cfg)), (long_, longest)))  # a longer context too
+            points.append((largest, (long_, longest)))  # a longer context too
         decode_points, prefill_points, prompt_tokens = [], [], []
         for groups, (short, long_) in points:
-            prompts = [prompt(p) for p in problems[:groups]]
-            lengths = [len(rollout.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
+            prompts, lengths = prompts_of[:groups], tokens_of[:groups]
             prompt_tokens += lengths
             seconds = {}
             for length in (short, long_):

@@ -38,7 +38,7 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], splits: Optional[
     splits, replanners = splits or {}, replanners or {}
     try:
         results = [simulate(cfg, name, rollout_devices=splits.get(name) or None, keep_trace=cfg.sim.gantt,
-                            replan=replanners.get(name), replan_every=cfg.cluster.replan_every or 10)
+                            replan=replanners.get(name), replan_every=cfg.cluster.replan_every)
                    for name in policies]
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
         raise BidirlError(f"simulate: {exc}") from None
