@@ -19,10 +19,12 @@ same batch per device: the split and the throughput scale with the cluster (what
 is the all-reduce's ring term, 2(n-1)/n, which grows by under 2% from 64 to 1024 devices).
 ``experiments/planner/quality.py`` checks the choice against exhaustive search.
 
-Memory: a partition must fit -- the rollout engine's weights leaving at least 10% of HBM for a KV cache on every rollout device,
-and the training state (16 bytes per parameter) sharded over the train pool on every train device
-(:func:`fits_memory`, analytic models, with the model's size counted from its config: ``sim.model`` a preset,
-``pipeline`` or a config; a profiled CPU has no such limit here). A colocated policy holds both on every device.
+Memory: a partition must fit -- the rollout engine's weights leaving at least 10% of HBM for a KV cache on
+every rollout device, and on every train device the training state (16 bytes per parameter) sharded over
+the train pool plus one micro-batch's activations, within 95% of HBM (the rest: CUDA context, NCCL
+buffers, allocator fragmentation). :func:`fits_memory`, analytic models only, with the model's sizes
+counted from its config (``sim.model`` a preset, ``pipeline`` or a config; a profiled CPU has no such
+limit here). A colocated policy holds both on every device.
 
 Writes ``plan.json`` (chosen split, predicted step time and samples/s, predicted device-time per pool
 by cause, the top alternatives and a one-line reason); :func:`load_plan` validates one.
@@ -86,17 +88,36 @@ def describe_model(cfg: PipelineConfig) -> str:
     return f"profile {cfg.sim.profile}" if cfg.sim.profile else f"analytic {cfg.sim.hardware} {cfg.sim.model}"
 
 
-def fits_memory(perf: Any, rollout_devices: int, devices: int) -> bool:
-    """``rollout_devices`` 0 means colocated (every device in both roles). Rollout devices: the engine's bf16 weights leave at least 10% of HBM for a KV cache. Train devices: the training
-    state (16 bytes per parameter: bf16 weights and gradients, fp32 master weights and two AdamW
-    moments) sharded over the train pool, FSDP/ZeRO-3 style; 10% of HBM is left for activations."""
+KV_RESERVE = 0.10  # of HBM a rollout engine must have left after its weights, for a KV cache
+TRAIN_HEADROOM = 0.05  # of HBM a train device keeps free beyond training state and activations
+
+
+def fits_memory(perf: Any, rollout_devices: int, devices: int, longest_sequence: int = 0) -> bool:
+    """``rollout_devices`` 0 means colocated (every device in both roles). Rollout devices: the engine's
+    bf16 weights leave at least ``KV_RESERVE`` of HBM for a KV cache. Train devices: the training state
+    (16 bytes per parameter: bf16 weights and gradients, fp32 master weights and two AdamW moments)
+    sharded over the train pool, FSDP/ZeRO-3 style, plus the activations of one micro-batch holding
+    sequences of up to ``longest_sequence`` tokens, within (1 - ``TRAIN_HEADROOM``) of HBM."""
     if not isinstance(perf, PerfModel):
         return True  # a profiled device: its limits were measured, not modelled
-    memory = perf.memory_bytes()
+    memory = perf.memory_bytes(longest_sequence)
     train = devices - rollout_devices
-    rollout_ok = memory["weights"] < 0.9 * memory["hbm"]
-    train_ok = train > 0 and memory["train_state"] / train < 0.9 * memory["hbm"]
-    return rollout_ok and train_ok
+    rollout_ok = memory["weights"] < (1 - KV_RESERVE) * memory["hbm"]
+    return rollout_ok and train > 0 and train_device_bytes(memory, train) < (1 - TRAIN_HEADROOM) * memory["hbm"]
+
+
+def train_device_bytes(memory: Dict[str, float], train_devices: int) -> float:
+    return memory["train_state"] / train_devices + memory["activations"]
+
+
+def memory_advice(perf: Any, train_devices: int, longest_sequence: int) -> str:
+    """Why the best case does not fit, in numbers (for the one-line error)."""
+    memory, gb = perf.memory_bytes(longest_sequence), 1e9
+    if memory["weights"] >= (1 - KV_RESERVE) * memory["hbm"]:
+        return f"its bf16 weights ({memory['weights'] / gb:.0f} GB) leave no KV cache in {memory['hbm'] / gb:.0f} GB"
+    return (f"a train device needs {memory['train_state'] / train_devices / gb:.0f} GB of training state (sharded "
+            f"over {train_devices}) + {memory['activations'] / gb:.0f} GB of activations, of "
+            f"{memory['hbm'] / gb:.0f} GB")
 
 
 def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON,
@@ -148,19 +169,23 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
     devices = cfg.cluster.devices
+    workload = sim_workload(cfg)
+    longest = workload.prompt_tokens + workload.cap  # one sequence never splits over micro-batches
     if POLICIES[policy].synchronous:  # every device holds a rollout engine and a shard of the training state
-        if check_memory and not fits_memory(perf_model(cfg), 0, devices):
+        if check_memory and not fits_memory(perf_model(cfg), 0, devices, longest):
             raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory colocated on "
-                              f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
+                              f"{devices} devices: {memory_advice(perf_model(cfg), devices, longest)}; use more "
+                              "devices or a smaller model")
         return []
     if devices < 2:
         raise BidirlError(f"policy '{policy}' needs a rollout and a train pool: cluster.devices={devices} is too few "
                           "(use 2 or more, or a colocated policy such as launch.mode=sync)")
     perf = perf_model(cfg)
-    legal = [x for x in range(1, devices) if not check_memory or fits_memory(perf, x, devices)]
+    legal = [x for x in range(1, devices) if not check_memory or fits_memory(perf, x, devices, longest)]
     if not legal:
         raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
-                          f"{devices} devices (weights + sharded training state); use more devices or a smaller model")
+                          f"{devices} devices: {memory_advice(perf, devices - 1, longest)}; use more devices or a "
+                          "smaller model")
     return legal
 
 

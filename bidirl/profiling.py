@@ -13,7 +13,11 @@ sampling settings (one thread, as each live device worker runs):
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
   same work as a load, so the same figure), into training it looks up a process group built at
-  start-up (nothing to measure: recorded as ~0).
+  start-up (nothing to measure: recorded as ~0);
+* where the pipeline's devices share one host (CPU devices are processes on one machine, sharing its
+  memory bandwidth and caches), how much slower each stage runs while another device does the other:
+  a training step beside a process that decodes, and a decode step beside one that trains (the
+  ``co_running`` factors; a disaggregated run keeps both stages busy at once).
 
 Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and ``profile.png``
 (points against the fitted curves). ``bidirl plan`` and ``bidirl simulate`` (``sim.profile``) use it.
@@ -21,12 +25,14 @@ Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and 
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 from bidirl.config import PipelineConfig
+from bidirl.errors import BidirlError
 from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, fit_workload
 from bidirl.samples import Sample, SamplingParams
 
@@ -50,15 +56,50 @@ def batch_sizes(cfg: PipelineConfig) -> List[int]:
     return sizes
 
 
+def shares_a_host(cfg: PipelineConfig) -> bool:
+    """CPU devices of one run are processes on one machine: they slow each other down (GPUs hardly do)."""
+    return cfg.cluster.device_type == "cpu" and cfg.cluster.devices > 1
+
+
+def sampling_of(cfg: PipelineConfig) -> SamplingParams:
+    """The pipeline's rollout sampling settings."""
+    return SamplingParams(n=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
+                          temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+
+
+def rollout_batch(cfg: PipelineConfig, rollout: Any, problems: list) -> "Dict[int, List[Sample]]":
+    """One sampled group per problem, rewarded, by group."""
+    from bidirl.prompts import PromptBuilder
+    from bidirl.reward import numeric_reward
+
+    prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
+    samples: List[Sample] = rollout.generate([prompt(p) for p in problems], sampling_of(cfg))
+    by_group: Dict[int, List[Sample]] = {}
+    for sample in samples:
+        sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer)
+        by_group.setdefault(sample.prompt_index, []).append(sample)
+    return by_group
+
+
+def trainable(by_group: "Dict[int, List[Sample]]", std_normalize: bool) -> List[Sample]:
+    """The batch with its advantages; every sample informative (a zero advantage gets +-1), so a training
+    step on it trains what it says."""
+    from bidirl.grpo import assign_advantages
+
+    for group in by_group.values():
+        assign_advantages(group, std_normalize)
+        for i, sample in enumerate(group):
+            sample.advantage = sample.advantage or (1.0 if i % 2 else -1.0)
+    return [s for group in by_group.values() for s in group]
+
+
 def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None] = lambda *a, **k: None) -> Profile:
     import torch
 
     from bidirl.data import load_problems
     from bidirl.engines.build import build_rollout_engine, build_train_engine
-    from bidirl.grpo import assign_advantages
     from bidirl.models.sources import prepare_model
     from bidirl.prompts import PromptBuilder
-    from bidirl.reward import numeric_reward
 
     model = prepare_model(cfg)  # before the thread change: a base model is built as `bidirl run` builds it
     threads = torch.get_num_threads()
@@ -67,10 +108,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         rollout = build_rollout_engine(cfg, model.path)
         trainer = build_train_engine(cfg, model.path)
         prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
-        problems = load_problems(cfg.data, "train")
+        problems, sampling = load_problems(cfg.data, "train"), sampling_of(cfg)
         G = cfg.rollout.group_size
-        sampling = SamplingParams(n=G, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                                  top_p=cfg.rollout.top_p)
         rollout.generate([prompt(p) for p in problems[:4]], sampling)  # warm-up (first calls are slower)
         advance()
 
@@ -88,15 +127,19 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         points = [(g, (short, long_)) for g in batch_sizes(cfg)]
         if longest > long_:
             points.append((largest, (long_, longest)))  # a longer context too
-        decode_points, prefill_points, prompt_tokens = [], [], []
-        for groups, (short, long_) in points:
-            prompts, lengths = prompts_of[:groups], tokens_of[:groups]
-            prompt_tokens += lengths
+
+        def decode_step(groups: int, short: int, long_: int) -> "tuple[float, Dict[int, float]]":
             seconds = {}
             for length in (short, long_):
                 fixed = SamplingParams(n=G, max_new_tokens=length, temperature=1.0, ignore_eos=True)
-                seconds[length] = median_time(lambda: rollout.generate(prompts, fixed), DECODE_REPEATS)
-            step = max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short))
+                seconds[length] = median_time(lambda: rollout.generate(prompts_of[:groups], fixed), DECODE_REPEATS)
+            return max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short)), seconds
+
+        decode_points, prefill_points, prompt_tokens = [], [], []
+        for groups, (short, long_) in points:
+            lengths = tokens_of[:groups]
+            prompt_tokens += lengths
+            step, seconds = decode_step(groups, short, long_)
             context = statistics.mean(lengths) + (short + long_) / 2
             decode_points.append({"batch": groups * G, "context": context, "step_s": step})
             if short == points[0][1][0]:
@@ -108,20 +151,12 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
 
         # the task's own response lengths, and samples to train on: one whole batch of the run, so the
         # training points span the step the run will train (a fit extrapolated from small parts misleads)
-        groups = min(len(problems), max(cfg.train.prompts_per_step, max(batch_sizes(cfg))))
-        samples: List[Sample] = rollout.generate([prompt(p) for p in problems[:groups]], sampling)
-        for sample in samples:
-            sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer)
-        by_group: Dict[int, List[Sample]] = {}
-        for sample in samples:
-            by_group.setdefault(sample.prompt_index, []).append(sample)
+        groups = min(len(problems), batch_groups(cfg))
+        by_group = rollout_batch(cfg, rollout, problems[:groups])
         workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
                                 statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens,
                                 [[s.reward for s in g] for g in by_group.values()])
-        for group in by_group.values():
-            assign_advantages(group, cfg.algorithm.std_normalize)
-            for i, sample in enumerate(group):  # every sample informative, so each point trains what it says
-                sample.advantage = sample.advantage or (1.0 if i % 2 else -1.0)
+        samples = trainable(by_group, cfg.algorithm.std_normalize)
         advance()
 
         # training: one optimizer step on increasing shares of the batch, and a forward-only log-prob pass
@@ -129,11 +164,27 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         for share in (4, 2, 1):
             part = samples[: max(1, len(samples) // share)]
             tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in part)
-            train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), 2)})
+            train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part))})
             logprob_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.logprobs(part), 2)})
             advance()
         train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
         logprob = fit_line(logprob_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
+
+        # devices sharing this host: each stage again, while a neighbour process does the other stage
+        co_running = None
+        if shares_a_host(cfg):
+            decode_groups, (short, long_) = points[len(batch_sizes(cfg)) - 1]  # the largest batch, usual context
+            alone_step = next(p["step_s"] for p in decode_points if p["batch"] == decode_groups * G)
+            neighbour_problems = problems[: min(cfg.launch.chunk_groups, groups)]  # a chunk, as a live device
+            with Neighbour(cfg, model.path, "train", neighbour_problems):
+                beside_training, _ = decode_step(decode_groups, short, long_)
+            alone_train = median_time(lambda: trainer.step(samples))  # timed as the step beside is, just before
+            with Neighbour(cfg, model.path, "decode", neighbour_problems):
+                beside_decoding = median_time(lambda: trainer.step(samples))
+            co_running = {"decode": round(beside_training / alone_step, 4), "train": round(beside_decoding / alone_train, 4),
+                          "decode_step_s": beside_training, "train_step_s": beside_decoding,
+                          "alone_decode_step_s": alone_step, "alone_train_step_s": alone_train}
+        advance()
 
         # weights and switches
         state = trainer.state_dict()
@@ -152,13 +203,70 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         switch={"to_rollout_s": load_s, "to_train_s": to_train_s},
         capacity=max(p["batch"] for p in decode_points), workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
-              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, logprob=logprob)
+              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, logprob=logprob, co_running=co_running)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "profile.json.tmp"
     tmp.write_text(profile.to_json())
     tmp.replace(out / "profile.json")
     plot_profile(profile, out / "profile.png")
     return profile
+
+
+def batch_groups(cfg: PipelineConfig) -> int:
+    """Prompt groups in the batch the profile samples: one whole training batch, and at least the largest
+    chunk (so the training points span the step the run will train)."""
+    return max(cfg.train.prompts_per_step, max(batch_sizes(cfg)))
+
+
+class Neighbour:
+    """Another device of the same host doing the other stage, in its own process with one thread (as a
+    live worker runs): ``decode`` generates the task's batches in a loop, ``train`` steps the trainer
+    in a loop on one sampled batch. Used as a context: it is working between enter and exit."""
+
+    START_S = 600  # building the engines in a fresh process: well under a minute here
+
+    def __init__(self, cfg: PipelineConfig, model_path: str, work: str, problems: list):
+        context = multiprocessing.get_context("spawn")
+        self.ready, self.stop = context.Event(), context.Event()
+        self.process = context.Process(target=neighbour_loop, daemon=True,
+                                       args=(cfg, model_path, work, problems, self.ready, self.stop))
+
+    def __enter__(self) -> "Neighbour":
+        self.process.start()
+        while not self.ready.wait(1.0):
+            if not self.process.is_alive():
+                raise BidirlError(f"the profile's neighbour process (the other stage on this host) exited with "
+                                  f"code {self.process.exitcode} before it started working")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+
+
+def neighbour_loop(cfg: PipelineConfig, model_path: str, work: str, problems: list, ready: Any, stop: Any) -> None:
+    import torch
+
+    from bidirl.engines.build import build_rollout_engine, build_train_engine
+    from bidirl.runtime_env import prepare_process
+
+    torch.set_num_threads(1)
+    prepare_process(cfg.cluster.device_type)
+    rollout = build_rollout_engine(cfg, model_path)
+    by_group = rollout_batch(cfg, rollout, problems)  # also the warm-up of its first (slower) calls
+    if work == "train":
+        trainer, samples = build_train_engine(cfg, model_path), trainable(by_group, cfg.algorithm.std_normalize)
+        trainer.step(samples)
+        ready.set()
+        while not stop.is_set():
+            trainer.step(samples)
+    else:
+        ready.set()
+        while not stop.is_set():
+            rollout_batch(cfg, rollout, problems)
 
 
 def context_window(model_path: str) -> int:
@@ -209,11 +317,14 @@ def plot_profile(profile: Profile, path: Path) -> Path:
 
 
 def progress_steps(cfg: PipelineConfig) -> int:
-    return 1 + len(batch_sizes(cfg)) + 1 + 1 + 3 + 1
+    return 1 + len(batch_sizes(cfg)) + 1 + 1 + 3 + 1 + 1
 
 
 def summary_line(profile: Profile) -> str:
     w, d, t = profile.workload or {}, profile.decode.coefficients, profile.train.coefficients
+    co = profile.co_running
+    beside = (f"; beside the other stage on this host: decode x{co['decode']:.2f}, train x{co['train']:.2f}"
+              if co else "")
     return (f"decode step {1000 * d['a']:.2f} ms + {1000 * d['b']:.4f} ms/sequence (fit error {profile.decode.error:.0%}); "
             f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "
-            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens")
+            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens{beside}")

@@ -93,6 +93,8 @@ def test_the_analytic_presets_are_the_sizes_counted_from_their_published_archite
     assert MODELS[preset].params == pytest.approx(counted.params, rel=1e-4)
     assert MODELS[preset].kv_bytes_per_token == counted.kv_bytes_per_token
     assert MODELS[preset].buffer_bytes == counted.buffer_bytes and MODELS[preset].layers == counted.layers
+    widths = ("hidden_size", "intermediate_size", "vocab_size")
+    assert [getattr(MODELS[preset], w) for w in widths] == [getattr(counted, w) for w in widths]
 
 
 def test_a_model_folder_counted_without_weights_has_exactly_the_parameters_of_the_loaded_model(tmp_path):

@@ -48,6 +48,14 @@ def test_instance_queues_beyond_kv_capacity_and_a_pause_delays_everything():
     assert paused.clock == pytest.approx(1.2)
 
 
+def test_an_instance_slowed_down_for_a_while_decodes_slower_for_exactly_that_while():
+    instance = Instance(step_a=0.01, step_b=0.0, capacity=100, prefill_s_per_seq=0.0)
+    instance.admit(0.0, chunk=0, lengths=[100])
+    assert instance.slow_down(0.5, 2.0) and not instance.slow_down(0.6, 2.0)  # 50 steps done alone
+    assert instance.slow_down(1.0, 1.0)  # 25 steps at half speed
+    assert drain(instance) == [(0, 0)] and instance.clock == pytest.approx(1.25)  # the last 25 alone again
+
+
 def test_a_group_completes_when_its_own_last_sequence_ends_not_when_its_chunk_does():
     instance = Instance(step_a=0.01, step_b=0.0, capacity=100, prefill_s_per_seq=0.0)
     instance.admit(0.0, chunk=7, lengths=[5, 5, 50, 50], group_size=2)  # two groups of two

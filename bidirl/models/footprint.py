@@ -37,7 +37,9 @@ def count_model(hf_config: Any, name: str) -> ModelSpec:
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     text = getattr(hf_config, "text_config", None) or hf_config
     return ModelSpec(name, float(params), kv_bytes_per_token(hf_config), buffer_bytes=float(buffer_bytes),
-                     layers=int(text.num_hidden_layers))
+                     layers=int(text.num_hidden_layers), hidden_size=int(text.hidden_size),
+                     intermediate_size=int(getattr(text, "intermediate_size", None) or 4 * text.hidden_size),
+                     vocab_size=int(text.vocab_size))
 
 
 def kv_bytes_per_token(hf_config: Any) -> float:

@@ -23,6 +23,20 @@ Model sizes (parameters, KV bytes per token) are counted from a model's config, 
 formula: the presets' published architectures are in ``ARCHITECTURES``, their counts in ``MODELS``
 (recounted by the tests), and any other model is counted when named (:mod:`bidirl.models.footprint`).
 
+Memory of a train device (FSDP/ZeRO-3, per-layer activation checkpointing, as veRL and AReaL train):
+the training state (bf16 weights and gradients, fp32 master weights, two AdamW moments: 16 bytes per
+parameter) sharded over the train pool, plus the activations of one micro-batch of T tokens::
+
+    activations(T) = T * (2 h * layers           every layer's input, kept for the backward pass
+                          + 12 h + 8 i           one layer recomputed: attention ~10h + residuals, the
+                                                 SwiGLU MLP's four i-wide tensors (bf16, flash attention)
+                          + 10 V)                the logits: bf16, their fp32 log-softmax and its gradient
+
+(h hidden size, i MLP width, V vocabulary; Korthikanti et al. 2022's per-layer count with the
+attention-score term gone under flash attention). T is a micro-batch packed to
+``TRAIN_TOKENS_PER_MICRO_BATCH`` tokens (veRL's default ``ppo_max_token_len_per_gpu``), or one whole
+sequence where that is longer. For 7B at 16k tokens: 3.3 + 3.2 + 24.9 = 31 GB -- the logits dominate.
+
 Training (FSDP): tokens * k * N / (MFU * peak FLOP/s * devices) + ring all-reduce of bf16 gradients,
 with k = 6 (update) [+ 2 recomputing old log-probs, veRL/AReaL] [+ 2 with a reference model]. MFU 0.33 (veRL report).
 Weight sync: latency + bf16 bytes / bandwidth (7B in < 0.3 s over NCCL). A trainer's gradients
@@ -64,6 +78,9 @@ class ModelSpec:
     kv_bytes_per_token: float  # bf16 keys and values of every layer
     buffer_bytes: float = 0.0  # non-parameter tensors the model holds (rotary tables, ...)
     layers: int = 0  # transformer blocks (each costs a tensor-parallel instance two all-reduces per step)
+    hidden_size: int = 0  # the three widths the activations of a training step scale with
+    intermediate_size: int = 0
+    vocab_size: int = 0
 
     @property
     def weight_bytes(self) -> float:
@@ -91,11 +108,12 @@ ARCHITECTURES: Dict[str, Dict[str, object]] = {
                 num_key_value_heads=8, intermediate_size=27648, vocab_size=152064, tie_word_embeddings=False),
 }
 MODELS: Dict[str, ModelSpec] = {
-    "7B": ModelSpec("7B", 7.6156e9, 57344, 512, 28),
-    "8B": ModelSpec("8B", 8.1907e9, 147456, 512, 36),
-    "14B": ModelSpec("14B", 14.770e9, 196608, 512, 48),
-    "32B": ModelSpec("32B", 32.764e9, 262144, 512, 64),
+    "7B": ModelSpec("7B", 7.6156e9, 57344, 512, 28, 3584, 18944, 152064),
+    "8B": ModelSpec("8B", 8.1907e9, 147456, 512, 36, 4096, 12288, 151936),
+    "14B": ModelSpec("14B", 14.770e9, 196608, 512, 48, 5120, 13824, 152064),
+    "32B": ModelSpec("32B", 32.764e9, 262144, 512, 64, 5120, 27648, 152064),
 }
+TRAIN_TOKENS_PER_MICRO_BATCH = 16384  # veRL's ppo_max_token_len_per_gpu default (dynamic batch size)
 
 
 # One small all-reduce in a tensor-parallel group over NVLink, two per layer per decode step: the mean
@@ -133,12 +151,20 @@ class PerfModel:
     def load_seconds(self) -> float:
         return self.load_s
 
-    def memory_bytes(self) -> Dict[str, float]:
+    def memory_bytes(self, longest_sequence: int = 0) -> Dict[str, float]:
         """Bytes a device may hold: bf16 weights (a rollout engine), the whole training state (bf16 weights
         and gradients, fp32 master weights and two AdamW moments: 16 bytes per parameter, to be sharded
-        over a train pool), and the device's HBM."""
+        over a train pool), one micro-batch's activations on a train device (sequences up to
+        ``longest_sequence`` tokens), and the device's HBM."""
+        tokens = max(TRAIN_TOKENS_PER_MICRO_BATCH, longest_sequence)
         return {"weights": self.model.weight_bytes + self.model.buffer_bytes, "train_state": 16 * self.model.params,
-                "hbm": self.hardware.hbm_bytes}
+                "activations": self.activation_bytes(tokens), "hbm": self.hardware.hbm_bytes}
+
+    def activation_bytes(self, tokens: float) -> float:
+        """Peak activations of one training micro-batch of ``tokens`` (see the module docstring)."""
+        m = self.model
+        return tokens * (2 * m.hidden_size * m.layers + 12 * m.hidden_size + 8 * m.intermediate_size
+                         + 10 * m.vocab_size)
 
     # ---- rollout ------------------------------------------------------------------------------
     @property
@@ -150,6 +176,9 @@ class PerfModel:
         grow with the context, which do (each device holds 1/k of the KV heads)."""
         scale = self.model.kv_bytes_per_token / 147e3 * 3.35e12 / self.hardware.hbm_bw
         return (0.054e-3 + 5.2e-8 * context / instance_devices) * scale
+
+    def decode_slowdown_beside_training(self) -> float:
+        return 1.0  # one GPU's decode does not slow down because another GPU trains
 
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         free = (instance_devices * self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction

@@ -9,6 +9,13 @@
     weights   load (into the rollout engine), publish (flatten + hand-off), bytes
     switch    into rollout (loads weights into the engine) and into training (a lookup)
     workload  the task's own response lengths under the pipeline's sampling settings (optional)
+    co_running  how much slower decode and training run beside the other stage on the same host
+              (optional; measured where the devices share one machine, e.g. CPU processes)
+
+Where ``co_running`` is present, training and log-prob times are charged at the speed measured beside
+a decoding device (a trainer hardly ever runs alone: rollout devices decode whenever they are not
+blocked), and the simulator slows each decoding instance by the decode factor exactly while a train
+step runs (a rollout-bound run's trainer idles most of the time, so decode mostly runs alone).
 
 :func:`load_profile` validates the file against this schema: a corrupt or incomplete profile is one
 line naming the file and the key, never a traceback.
@@ -49,6 +56,7 @@ class Profile:
     workload: Optional[Dict[str, float]] = None
     meta: Dict[str, Any] = field(default_factory=dict)
     logprob: Optional[Fit] = None  # fixed_s, per_token_s (forward-only); absent in older profiles
+    co_running: Optional[Dict[str, float]] = None  # decode, train: slowdown factors beside the other stage
 
     def model(self, recompute_logprob: bool = False) -> "FittedModel":
         return FittedModel(self)
@@ -72,6 +80,8 @@ class FittedModel:
         d, t = profile.decode.coefficients, profile.train.coefficients
         self.a, self.b, self.c = d["a"], d["b"], d["c"]
         self.per_token, self.train_fixed = t["per_token_s"], t["fixed_s"]
+        co = profile.co_running or {}
+        self.decode_factor, self.train_factor = co.get("decode", 1.0), co.get("train", 1.0)
 
     def decode_line(self, context: float, instance_devices: int = 1) -> Tuple[float, float]:
         one_device(instance_devices)
@@ -80,6 +90,9 @@ class FittedModel:
     def prefill_seconds_per_token(self, instance_devices: int = 1) -> float:
         one_device(instance_devices)
         return self.profile.prefill.coefficients["per_token"]
+
+    def decode_slowdown_beside_training(self) -> float:
+        return self.decode_factor
 
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         one_device(instance_devices)
@@ -91,17 +104,17 @@ class FittedModel:
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
         # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass
         # unless asked for explicitly; a noisy fit never gives a negative time
-        seconds = self.train_fixed + self.per_token * tokens
+        seconds = self.train_factor * max(0.0, self.train_fixed + self.per_token * tokens)
         if recompute_logprob and self.profile.logprob is not None:
             seconds += self.logprob_seconds(tokens)
-        return max(0.0, seconds)
+        return seconds
 
     def logprob_seconds(self, tokens: float) -> float:
         """A forward-only log-prob pass over ``tokens`` (old/proximal or reference log-probs)."""
         if self.profile.logprob is None:
             raise ValueError("this profile has no forward-only log-prob fit: measure it again with `bidirl profile`")
         fit = self.profile.logprob.coefficients
-        return max(0.0, fit["fixed_s"] + fit["per_token_s"] * tokens)
+        return self.train_factor * max(0.0, fit["fixed_s"] + fit["per_token_s"] * tokens)
 
     def allreduce_seconds(self, devices: int) -> float:
         return 0.0 if devices == 1 else 2 * (devices - 1) / devices * self.profile.weights["publish_s"]
@@ -217,12 +230,17 @@ def load_profile(path: str | Path) -> Profile:
                     raise _Bad("workload.informative", "a share above 0 and at most 1")
             if workload["mean_tokens"] <= 0 or workload["cap"] < 1:
                 raise _Bad("workload.mean_tokens", "above 0 (and workload.cap at least 1)")
+        co_running = None
+        if data.get("co_running") is not None:
+            co_running = {**data["co_running"], **_numbers(data, "co_running", ("decode", "train"))}
+            if min(co_running["decode"], co_running["train"]) <= 0:
+                raise _Bad("co_running.decode", "a slowdown factor above 0 (and co_running.train too)")
     except KeyError as exc:
         raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
     except _Bad as exc:
         raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
     return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
-                   capacity, workload, dict(data.get("meta") or {}), logprob)
+                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running)
 
 
 class _Bad(Exception):

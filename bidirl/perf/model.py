@@ -24,6 +24,11 @@ class PerformanceModel(Protocol):
         """Sequences of that context the instance's KV cache holds at once."""
         ...
 
+    def decode_slowdown_beside_training(self) -> float:
+        """How much slower decoding runs while another device of the same host trains (1.0 where devices
+        do not share a host's memory bandwidth and caches, as GPUs do not)."""
+        ...
+
     # training
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
         """Device-seconds of gradient work for ``tokens`` (prompt + response), shared by data-parallel devices."""

@@ -40,6 +40,9 @@ class CalibratedCosts:
     def make_instance(self) -> Instance:
         return make_instance(self.perf, self.workload)
 
+    def decode_slowdown_beside_training(self) -> float:
+        return self.perf.decode_slowdown_beside_training()
+
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
         for i, group in enumerate(range(chunk.first, chunk.first + chunk.groups)):

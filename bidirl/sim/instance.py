@@ -11,7 +11,8 @@ at every sequence and not only when a whole chunk is done. Sequences beyond the 
 join as others finish (the prefill of a joining sequence pauses decoding briefly). ``pause`` models an
 interruption (a weight load): decoding stops, running sequences keep their progress, and their KV is
 recomputed with the new weights -- the whole context, prompt *and* the tokens generated so far, as
-AReaL's interruptible rollout and veRL's partial rollout do.
+AReaL's interruptible rollout and veRL's partial rollout do. ``slow_down`` scales every decode step
+from now on (devices sharing one host decode slower while a neighbour trains).
 """
 
 from __future__ import annotations
@@ -39,9 +40,19 @@ class Instance:
         self.epoch = 0  # bumped whenever the next completion time may have changed
         self.busy_s = 0.0  # time with at least one running sequence
         self.seq = itertools.count()
+        self.slowdown = 1.0
 
     def step_time(self, running: int) -> float:
-        return self.step_a + self.step_b * running
+        return (self.step_a + self.step_b * running) * self.slowdown
+
+    def slow_down(self, now: float, factor: float) -> bool:
+        """Decode steps take ``factor`` times their own time from ``now`` on; True if that changed anything."""
+        if factor == self.slowdown:
+            return False
+        self._advance(now)
+        self.slowdown = factor
+        self.epoch += 1
+        return True
 
     def _advance(self, now: float) -> None:
         """Decode up to ``now``, finishing sequences (and completing groups) on the way."""

@@ -19,7 +19,9 @@ adds its gradient return, and the step's finish is re-timed.
 Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
 with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
 share the decode batch, a weight load pauses decoding instead of waiting for a chunk to end, and each
-prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends.
+prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends. Where the
+performance model says devices share a host (CPU processes), every instance not in the train step
+decodes slower for exactly as long as the step runs.
 Deterministic: ties break by sequence number, and cost models draw from their own seeded RNG.
 """
 
@@ -136,6 +138,7 @@ class Simulator:
             elif isinstance(event, StepTick):
                 if self.step is not None and event.epoch == self.step.epoch:
                     self.step = None
+                    self.beside_training(now, ())
                     self.handle(ev.TrainDone(self.cluster.version + 1), now)
             else:
                 self.handle(event, now)
@@ -180,10 +183,21 @@ class Simulator:
         self.step = StepProgress(self.costs.train_work(cluster.batch_chunks(cluster.version)),
                                  len(action.devices), now, next(self.step_epochs))
         self.push(self.step.finish(self.step_communication(action.devices)), StepTick(self.step.epoch))
+        self.beside_training(now, action.devices)
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
         self.step.join(now, next(self.step_epochs))
         self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
+        self.beside_training(now, self.cluster.training_devices)
+
+    def beside_training(self, now: float, training) -> None:
+        """Instances decode at their speed beside ``training`` devices (none: at their own speed)."""
+        if self.instances is None:
+            return
+        factor = self.costs.decode_slowdown_beside_training() if training else 1.0
+        for index, instance in self.instances.items():
+            if instance.slow_down(now, 1.0 if index in training else factor):
+                self.dirty.add(index)
 
     def step_communication(self, devices) -> float:
         """All-reduce among the home trainers, then each lent device's gradients to the primary."""

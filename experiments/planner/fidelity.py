@@ -1,8 +1,8 @@
 """Live fidelity of the performance model: the step time the planner predicts for the live 2-device
 runtime, from ``bidirl profile`` on this machine, against the step time the runtime then measures.
 
-    .venv/bin/python experiments/planner/fidelity.py             # every setting and policy (~40 min)
-    .venv/bin/python experiments/planner/fidelity.py --settings short --steps 10
+    .venv/bin/python experiments/planner/fidelity.py             # every setting and policy, 3 runs each
+    .venv/bin/python experiments/planner/fidelity.py --settings short --steps 10 --repeats 1
 
 Per setting (response lengths, one task each):
   short   the CPU default (``pipelines/cpu-tiny.yaml``): answers of ~2-4 tokens
@@ -12,10 +12,14 @@ Per setting (response lengths, one task each):
    lengths (profile.json);
 2. per policy, the simulator predicts the run on that profile (``bidirl.sim.run.simulate`` with
    ``sim.profile`` and the live runtime's capabilities: what ``bidirl plan`` scores a live launch with), and
-3. ``bidirl launch`` runs it live: 2 devices, 1 rollout / 1 train, eta 1, the same steps and seed.
+3. ``bidirl launch`` runs it live, ``--repeats`` times: 2 devices, 1 rollout / 1 train, eta 1, the
+   same steps and seed (the seed also builds the base model; the repeats measure timing noise: a CPU
+   step varies by +-15% from one step to the next here, so one run per cell cannot resolve 10%).
 Reported: predicted and measured steady-state step time (the mean step after the first three: the
-pipeline filling and the engines' first calls are a start-up cost, not a step), their ratio, the
-plain means, and each pool's busy share, which says where they differ. Writes ``fidelity.json`` (next to
+pipeline filling and the engines' first calls are a start-up cost, not a step; measured = the mean
+over the repeats, with their range), their ratio, the plain means, and each pool's busy share, which
+says where they differ. The profile measures each stage beside the other (two CPU devices share this
+machine), which the prediction charges. Writes ``fidelity.json`` (next to
 this file unless ``--out``) and prints a markdown table.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,13 +60,13 @@ def profile(pipeline: str, overrides: list, root: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
+def live(pipeline: str, overrides: list, root: Path, policy: str, repeat: int) -> dict:
     """``bidirl launch`` into ``root``; a finished run already there is reused."""
-    runs = root / f"live-{policy}"
+    runs = root / f"live-{policy}" / f"run{repeat}"
     done = sorted(runs.glob("*/summary.json")) if runs.exists() else []
     if not done:
-        subprocess.run([BIDIRL, "launch", pipeline, *overrides, f"launch.mode={policy}", f"output_dir={runs}"],
-                       capture_output=True, text=True, check=True)
+        subprocess.run([BIDIRL, "launch", pipeline, *overrides, f"launch.mode={policy}",
+                        f"output_dir={runs}"], capture_output=True, text=True, check=True)
         done = sorted(runs.glob("*/summary.json"))
     summary = json.loads(done[-1].read_text())
     if "version_times" not in summary:  # a run kept from before summaries recorded them: its metrics have them
@@ -70,7 +75,7 @@ def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
     return summary
 
 
-def measure(name: str, steps: int, root: Path) -> list:
+def measure(name: str, steps: int, root: Path, repeats: int) -> list:
     pipeline, overrides = SETTINGS[name]
     overrides = [*overrides, *LIVE, f"train.steps={steps}"]
     profile_json = profile(pipeline, overrides, root / name)
@@ -80,23 +85,34 @@ def measure(name: str, steps: int, root: Path) -> list:
         # the live runtime's capabilities: one chunk in flight per device, no mid-step join, a load
         # waits for the chunk in flight (what `bidirl plan` scores a live launch with)
         predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=LIVE_RUNTIME)
-        # the live run starts from the same profile (the cost-aware policies' prior estimates)
-        summary = live(pipeline, [*overrides, f"sim.profile={profile_json}"], root / name, policy)
-        measured_step = steady_step_s(summary["version_times"])
+        # the live runs start from the same profile (the cost-aware policies' prior estimates)
+        summaries = [live(pipeline, [*overrides, f"sim.profile={profile_json}"], root / name, policy, repeat)
+                     for repeat in range(repeats)]
+        measured = [steady_step_s(s["version_times"]) for s in summaries]
+        measured_step = statistics.mean(measured)
         fits = json.loads(Path(profile_json).read_text())
         rows.append({"setting": name, "policy": policy, "predicted_step_s": round(predicted.steady_step_s, 4),
-                     "measured_step_s": round(measured_step, 4),
+                     "measured_step_s": round(measured_step, 4), "measured_runs_s": [round(m, 4) for m in measured],
                      "ratio": round(predicted.steady_step_s / measured_step, 3),
                      "predicted_mean_step_s": round(predicted.step_s, 4),
-                     "measured_mean_step_s": round(summary["rl_seconds"] / summary["steps"], 4),
-                     "predicted_switches": predicted.switches, "measured_switches": summary["switches"]["count"],
+                     "measured_mean_step_s": round(statistics.mean(s["rl_seconds"] / s["steps"] for s in summaries), 4),
+                     "predicted_switches": predicted.switches,
+                     "measured_switches": [s["switches"]["count"] for s in summaries],
                      "fit_errors": {k: round(fits[k]["error"], 4) for k in ("decode", "prefill", "train")},
-                     "predicted_breakdown": predicted.time_breakdown, "measured_breakdown": summary["time_breakdown"],
+                     "co_running": fits.get("co_running"),
+                     "predicted_breakdown": predicted.time_breakdown,
+                     "measured_breakdown": mean_breakdown([s["time_breakdown"] for s in summaries]),
                      "workload": {k: v for k, v in fits["workload"].items() if k != "groups"},
-                     "measured_tokens_per_sample": round(summary["tokens_per_s"] / summary["samples_per_s"], 1)})
-        print(f"{name:6s} {policy:7s} predicted {predicted.steady_step_s:.3f} s  measured {measured_step:.3f} s  "
-              f"ratio {rows[-1]['ratio']:.3f}", flush=True)
+                     "measured_tokens_per_sample": round(statistics.mean(
+                         s["tokens_per_s"] / s["samples_per_s"] for s in summaries), 1)})
+        print(f"{name:6s} {policy:7s} predicted {predicted.steady_step_s:.3f} s  measured {measured_step:.3f} s "
+              f"[{min(measured):.3f}-{max(measured):.3f}]  ratio {rows[-1]['ratio']:.3f}", flush=True)
     return rows
+
+
+def mean_breakdown(breakdowns: list) -> dict:
+    return {pool: {cause: round(statistics.mean(b[pool][cause] for b in breakdowns), 4) for cause in shares}
+            for pool, shares in breakdowns[0].items()}
 
 
 def busy(breakdown: dict) -> str:
@@ -107,21 +123,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="live runs per setting and policy")
     parser.add_argument("--out", default=str(Path(__file__).with_name("fidelity.json")))
     parser.add_argument("--work", default="", help="keep the profiles and live runs here (default: a temporary folder)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings.split(","):
-            rows += measure(name, args.steps, Path(args.work or scratch))
+            rows += measure(name, args.steps, Path(args.work or scratch), args.repeats)
     Path(args.out).write_text(json.dumps(rows, indent=2))
-    print("\n| setting | mean response (profiled) | policy | predicted step s | measured step s | predicted / measured "
-          "| busy, predicted | busy, measured | switches, predicted / measured |")
+    print("\n| setting | mean response (profiled) | policy | predicted step s | measured step s, mean [range] "
+          "| predicted / measured | busy, predicted | busy, measured | switches, predicted / measured |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        runs = r["measured_runs_s"]
         print(f"| {r['setting']} | {r['workload']['mean_tokens']:.1f} | {r['policy']} | {r['predicted_step_s']:.3f} | "
-              f"{r['measured_step_s']:.3f} | {r['ratio']:.2f} | {busy(r['predicted_breakdown'])} | "
-              f"{busy(r['measured_breakdown'])} | {r['predicted_switches']} / {r['measured_switches']} |")
+              f"{r['measured_step_s']:.3f} [{min(runs):.3f}-{max(runs):.3f}] | {r['ratio']:.2f} | "
+              f"{busy(r['predicted_breakdown'])} | {busy(r['measured_breakdown'])} | "
+              f"{r['predicted_switches']} / {','.join(map(str, r['measured_switches']))} |")
 
 
 if __name__ == "__main__":
