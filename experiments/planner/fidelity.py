@@ -12,12 +12,13 @@ Per setting (response lengths, one task each):
    lengths (profile.json);
 2. per policy, the simulator predicts the run on that profile (``bidirl.sim.run.simulate`` with
    ``sim.profile`` and the live runtime's capabilities: what ``bidirl plan`` scores a live launch with), and
-3. ``bidirl launch`` runs it live, ``--repeats`` times: 2 devices, 1 rollout / 1 train, eta 1, the
-   same steps and seed (the seed also builds the base model; the repeats measure timing noise: a CPU
-   step varies by +-15% from one step to the next here, so one run per cell cannot resolve 10%).
+3. ``bidirl launch`` runs it live: 2 devices, 1 rollout / 1 train, eta 1, the same steps and seed.
+Steps 1-3 are one round; ``--repeats`` rounds (profile again, run again: this machine's speed drifts
+by up to ~30% over tens of minutes, so a prediction is only compared with a run minutes after its
+profile, and one round per cell cannot resolve 10%; the seed stays, as it also builds the base model).
 Reported: predicted and measured steady-state step time (the mean step after the first three: the
-pipeline filling and the engines' first calls are a start-up cost, not a step; measured = the mean
-over the repeats, with their range), their ratio, the plain means, and each pool's busy share, which
+pipeline filling and the engines' first calls are a start-up cost, not a step; both the mean over
+the rounds, with the range of the measured), the ratio of the means and of each round, the plain means, and each pool's busy share, which
 says where they differ. The profile measures each stage beside the other (two CPU devices share this
 machine), which the prediction charges. Writes ``fidelity.json`` (next to
 this file unless ``--out``) and prints a markdown table.
@@ -60,9 +61,9 @@ def profile(pipeline: str, overrides: list, root: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def live(pipeline: str, overrides: list, root: Path, policy: str, repeat: int) -> dict:
+def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
     """``bidirl launch`` into ``root``; a finished run already there is reused."""
-    runs = root / f"live-{policy}" / f"run{repeat}"
+    runs = root / f"live-{policy}"
     done = sorted(runs.glob("*/summary.json")) if runs.exists() else []
     if not done:
         subprocess.run([BIDIRL, "launch", pipeline, *overrides, f"launch.mode={policy}",
@@ -76,37 +77,45 @@ def live(pipeline: str, overrides: list, root: Path, policy: str, repeat: int) -
 
 
 def measure(name: str, steps: int, root: Path, repeats: int) -> list:
+    """``repeats`` rounds of (profile, then each policy live), so that every prediction comes from a
+    profile measured minutes before the run it predicts: this machine's speed drifts by up to ~30%
+    over tens of minutes (the same training step, same process: 1.36-1.90 s)."""
     pipeline, overrides = SETTINGS[name]
     overrides = [*overrides, *LIVE, f"train.steps={steps}"]
-    profile_json = profile(pipeline, overrides, root / name)
+    pairs = {policy: [] for policy in POLICIES}  # policy -> [(predicted, summary, profile)]
+    for repeat in range(repeats):
+        profile_json = profile(pipeline, overrides, root / name / f"round{repeat}")
+        for policy in POLICIES:
+            cfg = load_config(pipeline, [*overrides, f"launch.mode={policy}", f"sim.profile={profile_json}"])
+            # the live runtime's capabilities: one chunk in flight per device, no mid-step join, a load
+            # waits for the chunk in flight (what `bidirl plan` scores a live launch with)
+            predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=LIVE_RUNTIME)
+            # the live run starts from the same profile (the cost-aware policies' prior estimates)
+            summary = live(pipeline, [*overrides, f"sim.profile={profile_json}"], root / name / f"round{repeat}", policy)
+            pairs[policy].append((predicted, summary, json.loads(Path(profile_json).read_text())))
+            print(f"{name:6s} {policy:7s} round {repeat}: predicted {predicted.steady_step_s:.3f} s  measured "
+                  f"{steady_step_s(summary['version_times']):.3f} s", flush=True)
     rows = []
-    for policy in POLICIES:
-        cfg = load_config(pipeline, [*overrides, f"launch.mode={policy}", f"sim.profile={profile_json}"])
-        # the live runtime's capabilities: one chunk in flight per device, no mid-step join, a load
-        # waits for the chunk in flight (what `bidirl plan` scores a live launch with)
-        predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=LIVE_RUNTIME)
-        # the live runs start from the same profile (the cost-aware policies' prior estimates)
-        summaries = [live(pipeline, [*overrides, f"sim.profile={profile_json}"], root / name, policy, repeat)
-                     for repeat in range(repeats)]
-        measured = [steady_step_s(s["version_times"]) for s in summaries]
-        measured_step = statistics.mean(measured)
-        fits = json.loads(Path(profile_json).read_text())
-        rows.append({"setting": name, "policy": policy, "predicted_step_s": round(predicted.steady_step_s, 4),
-                     "measured_step_s": round(measured_step, 4), "measured_runs_s": [round(m, 4) for m in measured],
-                     "ratio": round(predicted.steady_step_s / measured_step, 3),
-                     "predicted_mean_step_s": round(predicted.step_s, 4),
+    for policy, runs in pairs.items():
+        predicted = [p.steady_step_s for p, _, _ in runs]
+        measured = [steady_step_s(s["version_times"]) for _, s, _ in runs]
+        summaries, fits = [s for _, s, _ in runs], runs[-1][2]
+        rows.append({"setting": name, "policy": policy, "predicted_step_s": round(statistics.mean(predicted), 4),
+                     "measured_step_s": round(statistics.mean(measured), 4),
+                     "predicted_runs_s": [round(v, 4) for v in predicted], "measured_runs_s": [round(v, 4) for v in measured],
+                     "ratio": round(statistics.mean(predicted) / statistics.mean(measured), 3),
+                     "ratios": [round(p / m, 3) for p, m in zip(predicted, measured)],
+                     "predicted_mean_step_s": round(statistics.mean(p.step_s for p, _, _ in runs), 4),
                      "measured_mean_step_s": round(statistics.mean(s["rl_seconds"] / s["steps"] for s in summaries), 4),
-                     "predicted_switches": predicted.switches,
+                     "predicted_switches": [p.switches for p, _, _ in runs],
                      "measured_switches": [s["switches"]["count"] for s in summaries],
                      "fit_errors": {k: round(fits[k]["error"], 4) for k in ("decode", "prefill", "train")},
-                     "co_running": fits.get("co_running"),
-                     "predicted_breakdown": predicted.time_breakdown,
+                     "co_running": [f.get("co_running") for _, _, f in runs],
+                     "predicted_breakdown": mean_breakdown([p.time_breakdown for p, _, _ in runs]),
                      "measured_breakdown": mean_breakdown([s["time_breakdown"] for s in summaries]),
                      "workload": {k: v for k, v in fits["workload"].items() if k != "groups"},
                      "measured_tokens_per_sample": round(statistics.mean(
                          s["tokens_per_s"] / s["samples_per_s"] for s in summaries), 1)})
-        print(f"{name:6s} {policy:7s} predicted {predicted.steady_step_s:.3f} s  measured {measured_step:.3f} s "
-              f"[{min(measured):.3f}-{max(measured):.3f}]  ratio {rows[-1]['ratio']:.3f}", flush=True)
     return rows
 
 
@@ -123,7 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3, help="live runs per setting and policy")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds (profile + live runs) per setting")
     parser.add_argument("--out", default=str(Path(__file__).with_name("fidelity.json")))
     parser.add_argument("--work", default="", help="keep the profiles and live runs here (default: a temporary folder)")
     args = parser.parse_args()
@@ -133,14 +142,15 @@ def main() -> None:
             rows += measure(name, args.steps, Path(args.work or scratch), args.repeats)
     Path(args.out).write_text(json.dumps(rows, indent=2))
     print("\n| setting | mean response (profiled) | policy | predicted step s | measured step s, mean [range] "
-          "| predicted / measured | busy, predicted | busy, measured | switches, predicted / measured |")
+          "| predicted / measured (each round) | busy, predicted | busy, measured | switches, predicted / measured |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         runs = r["measured_runs_s"]
         print(f"| {r['setting']} | {r['workload']['mean_tokens']:.1f} | {r['policy']} | {r['predicted_step_s']:.3f} | "
-              f"{r['measured_step_s']:.3f} [{min(runs):.3f}-{max(runs):.3f}] | {r['ratio']:.2f} | "
+              f"{r['measured_step_s']:.3f} [{min(runs):.3f}-{max(runs):.3f}] | {r['ratio']:.2f} "
+              f"({', '.join(f'{x:.2f}' for x in r['ratios'])}) | "
               f"{busy(r['predicted_breakdown'])} | {busy(r['measured_breakdown'])} | "
-              f"{r['predicted_switches']} / {','.join(map(str, r['measured_switches']))} |")
+              f"{','.join(map(str, r['predicted_switches']))} / {','.join(map(str, r['measured_switches']))} |")
 
 
 if __name__ == "__main__":
