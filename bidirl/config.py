@@ -124,6 +124,9 @@ class ClusterConfig:
     # re-plan the partition every this many steps on the response lengths measured so far, moving
     # devices between pools at a step boundary (0 = keep the starting partition); simulator and runtime
     replan_every: int = 0
+    # devices per scheduling unit: a rollout instance tensor-parallel over k devices, a train group of k;
+    # a lease lends a whole unit (1, 2, 4 or 8; simulated and planned only: the CPU engines run one device each)
+    instance_devices: int = 1
 
 
 @dataclass
@@ -282,6 +285,7 @@ def _join(parent: str, leaf: str) -> str:
     return f"{parent}.{leaf}" if parent else leaf
 
 
+INSTANCE_SIZES = (1, 2, 4, 8)  # devices per rollout instance / train group (tensor-parallel degrees vLLM runs)
 _CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "data.source": ("reasoning_gym", "gsm8k"),
@@ -321,5 +325,15 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
                 "launch.chunk_groups"):
         if OmegaConf.select(node, key) < 1:
             raise ConfigError(f"{source}: key '{key}' must be at least 1")
+    k = cfg.cluster.instance_devices
+    if k not in INSTANCE_SIZES:
+        raise ConfigError(f"{source}: key 'cluster.instance_devices' must be one of {', '.join(map(str, INSTANCE_SIZES))}; "
+                          f"got {k}")
+    if cfg.cluster.devices % k or cfg.cluster.rollout_devices % k:
+        raise ConfigError(f"{source}: cluster.devices={cfg.cluster.devices} and cluster.rollout_devices="
+                          f"{cfg.cluster.rollout_devices} must be multiples of cluster.instance_devices={k}")
+    if k > 1 and cfg.sim.profile:
+        raise ConfigError(f"{source}: cluster.instance_devices={k} needs the analytic model: a profile (sim.profile) "
+                          "measures one-device instances")
     if cfg.cluster.replan_every < 0:
         raise ConfigError(f"{source}: key 'cluster.replan_every' must be 0 (never) or a number of steps")

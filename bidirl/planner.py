@@ -19,6 +19,9 @@ same batch per device: the split and the throughput scale with the cluster (what
 is the all-reduce's ring term, 2(n-1)/n, which grows by under 2% from 64 to 1024 devices).
 ``experiments/planner/quality.py`` checks the choice against exhaustive search.
 
+Coarse instances (``cluster.instance_devices: k``): only splits in whole instances are legal, the
+search runs over instances, and a rollout device holds 1/k of the weights (tensor parallel).
+
 Memory: a partition must fit -- the rollout engine's weights leaving at least 10% of HBM for a KV cache on
 every rollout device, and on every train device the training state (16 bytes per parameter) sharded over
 the train pool plus one micro-batch's activations, within 95% of HBM (the rest: CUDA context, NCCL
@@ -79,6 +82,7 @@ class Plan:
     horizon_steps: int
     simulated_splits: int
     plan_seconds: float
+    instance_devices: int = 1  # devices per rollout instance / train group (optional in plan.json)
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2)
@@ -92,17 +96,19 @@ KV_RESERVE = 0.10  # of HBM a rollout engine must have left after its weights, f
 TRAIN_HEADROOM = 0.05  # of HBM a train device keeps free beyond training state and activations
 
 
-def fits_memory(perf: Any, rollout_devices: int, devices: int, longest_sequence: int = 0) -> bool:
+def fits_memory(perf: Any, rollout_devices: int, devices: int, longest_sequence: int = 0,
+                instance_devices: int = 1) -> bool:
     """``rollout_devices`` 0 means colocated (every device in both roles). Rollout devices: the engine's
     bf16 weights leave at least ``KV_RESERVE`` of HBM for a KV cache. Train devices: the training state
     (16 bytes per parameter: bf16 weights and gradients, fp32 master weights and two AdamW moments)
     sharded over the train pool, FSDP/ZeRO-3 style, plus the activations of one micro-batch holding
-    sequences of up to ``longest_sequence`` tokens, within (1 - ``TRAIN_HEADROOM``) of HBM."""
+    sequences of up to ``longest_sequence`` tokens, within (1 - ``TRAIN_HEADROOM``) of HBM. A rollout
+    instance of ``instance_devices`` holds 1/k of the weights on each device (tensor parallel)."""
     if not isinstance(perf, PerfModel):
         return True  # a profiled device: its limits were measured, not modelled
     memory = perf.memory_bytes(longest_sequence)
     train = devices - rollout_devices
-    rollout_ok = memory["weights"] < (1 - KV_RESERVE) * memory["hbm"]
+    rollout_ok = memory["weights"] / instance_devices < (1 - KV_RESERVE) * memory["hbm"]
     return rollout_ok and train > 0 and train_device_bytes(memory, train) < (1 - TRAIN_HEADROOM) * memory["hbm"]
 
 
@@ -133,7 +139,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     short = planning_config(cfg, horizon)
     steps = short.train.steps
     devices = cfg.cluster.devices
-    perf, workload = perf_model(cfg), workload or sim_workload(cfg)
+    workload = workload or sim_workload(cfg)
     if POLICIES[policy].synchronous:  # colocated: every device does both, nothing to partition
         result = simulate(short, policy, with_bound=False, workload=workload, driver=driver)
         only = Candidate(0, result.samples_per_s, result.step_s, result.time_breakdown)
@@ -141,23 +147,26 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
                      steps, 1, start)
     if devices > REPLICA:
         return _plan_on_replica(cfg, policy, legal, start, workload, horizon, driver)
-    est = model_estimates(cfg, perf, workload)
-    balance = balanced_split(devices, est, cfg.train.prompts_per_step)  # preflight: devices >= 2
+    k = cfg.cluster.instance_devices
+    est = model_estimates(cfg, workload=workload)  # of one unit (a device, or an instance of k)
+    balance = k * balanced_split(devices // k, est, cfg.train.prompts_per_step)  # preflight: 2 units or more
     scored: Dict[int, Candidate] = {}
 
-    def score(x: int) -> float:
+    def score(units: int) -> float:  # the search runs over whole instances
+        x = units * k
         if x not in scored:
             scored[x] = candidate(short, policy, x, workload, driver)
         return scored[x].samples_per_s
 
-    search(legal, balance, score)
+    search([x // k for x in legal], balance // k, score)
     top = max(c.samples_per_s for c in scored.values())
     ties = [c for c in scored.values() if c.samples_per_s >= (1 - TIE) * top]
     chosen = min(ties, key=lambda c: (abs(c.rollout_devices - balance), -c.samples_per_s))
     ranked = sorted(scored.values(), key=lambda c: -c.samples_per_s)
     reason = (f"{chosen.rollout_devices}/{devices - chosen.rollout_devices} gives the best simulated '{policy}' "
               f"throughput ({chosen.samples_per_s:.3g} samples/s) of {len(scored)} splits scored on "
-              f"{describe_model(cfg)}; stage-time balance point {balance}/{devices - balance}")
+              f"{describe_model(cfg)}{f' in instances of {k} devices' if k > 1 else ''}; stage-time balance "
+              f"point {balance}/{devices - balance}")
     if chosen.samples_per_s < top:
         reason += f"; within {TIE:.1%} of the best, it is the closest to the balance point"
     return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
@@ -177,11 +186,12 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
                               f"{devices} devices: {memory_advice(perf_model(cfg), devices, longest)}; use more "
                               "devices or a smaller model")
         return []
-    if devices < 2:
+    k = cfg.cluster.instance_devices
+    if devices < 2 * k:
         raise BidirlError(f"policy '{policy}' needs a rollout and a train pool: cluster.devices={devices} is too few "
-                          "(use 2 or more, or a colocated policy such as launch.mode=sync)")
+                          f"(use {2 * k} or more, or a colocated policy such as launch.mode=sync)")
     perf = perf_model(cfg)
-    legal = [x for x in range(1, devices) if not check_memory or fits_memory(perf, x, devices, longest)]
+    legal = [x for x in range(k, devices, k) if not check_memory or fits_memory(perf, x, devices, longest, k)]
     if not legal:
         raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
                           f"{devices} devices: {memory_advice(perf, devices - 1, longest)}; use more devices or a "
@@ -249,7 +259,7 @@ def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, 
                      "step_s": round(c.step_s, 4)} for c in ranked[:5]]
     return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
                 round(chosen.samples_per_s, 4), chosen.time_breakdown, alternatives, reason, describe_model(cfg),
-                steps, simulated, round(time.perf_counter() - start, 2))
+                steps, simulated, round(time.perf_counter() - start, 2), cfg.cluster.instance_devices)
 
 
 def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
@@ -360,7 +370,7 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     path = Path(path)
     data = read_json_document(path, SCHEMA, "plan.json", "plan again with `bidirl plan PIPELINE`")
     names = [f.name for f in dataclasses.fields(Plan)]
-    missing = [n for n in names if n not in data]
+    missing = [n for n in names if n not in data and n != "instance_devices"]  # older plans: one-device instances
     if missing:
         raise BidirlError(f"{path}: missing key '{missing[0]}'; plan again with `bidirl plan`")
     for key in ("devices", "rollout_devices"):
@@ -374,4 +384,8 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if data["devices"] != cfg.cluster.devices:
         raise BidirlError(f"{path}: planned for {data['devices']} devices ({data['rollout_devices']} rollout) but the "
                           f"pipeline has cluster.devices={cfg.cluster.devices}; plan again with `bidirl plan`")
-    return Plan(**{n: data[n] for n in names})
+    k = data.get("instance_devices", 1)
+    if k != cfg.cluster.instance_devices:
+        raise BidirlError(f"{path}: planned for instances of {k} devices but the pipeline has "
+                          f"cluster.instance_devices={cfg.cluster.instance_devices}; plan again with `bidirl plan`")
+    return Plan(**{n: data.get(n, 1) for n in names})

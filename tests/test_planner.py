@@ -168,6 +168,26 @@ def test_a_train_device_holds_its_share_of_the_training_state_and_one_micro_batc
         plan(small("sim.model=7B", "sim.hardware=H100", "cluster.devices=3"))
 
 
+def test_the_planner_splits_in_whole_instances_and_tensor_parallel_instances_hold_a_share_of_the_weights():
+    from bidirl.perf.analytic import HARDWARE, ModelSpec, PerfModel
+
+    chosen = plan(small("cluster.devices=16", "cluster.instance_devices=4"), "areal", horizon=6)
+    assert chosen.rollout_devices % 4 == 0 and chosen.instance_devices == 4
+    assert "instances of 4 devices" in chosen.reason
+    huge = PerfModel(HARDWARE["H100"], ModelSpec("50B", 50e9, 2e5))  # 100 GB of bf16 weights
+    assert not fits_memory(huge, 8, 64) and fits_memory(huge, 8, 64, instance_devices=2)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["cluster.instance_devices=3"], "key 'cluster.instance_devices' must be one of 1, 2, 4, 8"),
+    (["cluster.devices=6", "cluster.instance_devices=4"], "must be multiples of cluster.instance_devices=4"),
+    (["cluster.instance_devices=2", "sim.profile=p.json"], "needs the analytic model"),
+])
+def test_coarse_instances_that_cannot_be_built_are_one_line(overrides, message):
+    with pytest.raises(BidirlError, match=message):
+        small(*overrides)
+
+
 def test_a_rollout_heavy_workload_gets_more_rollout_devices_than_a_train_heavy_one():
     # (16 devices: on 8, memory caps the reasoning split at 5/3 -- three trainers hold 7B's training state
     # beside a 16k-token micro-batch)

@@ -221,6 +221,13 @@ def test_deepspeed_zero_partitions_are_refused_by_launch_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: bidirl launch supports train.engine=deepspeed")
 
 
+def test_instances_of_several_devices_are_refused_by_launch_in_one_line(tmp_path):
+    result = launch(tmp_path, "cluster.devices=4", "cluster.rollout_devices=2", "cluster.instance_devices=2",
+                    "launch.mode=async")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+    assert "instances of several devices are simulated and planned only" in result.stderr.strip().splitlines()[-1]
+
+
 def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_taken(async_run):
     rows = read_jsonl(async_run / "metrics.jsonl")
     trained_at = {r["step"]: r["time_s"] for r in rows if "reward_mean" in r}

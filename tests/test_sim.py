@@ -231,3 +231,27 @@ def test_tensor_parallel_instances_follow_the_published_tp_decode_fits(architect
     one_a, one_b = perf.decode_line(context)
     assert a < one_a / (k - 0.5) and b < one_b  # k devices decode faster than one, not k times
     assert perf.max_concurrency(context, k) > k * perf.max_concurrency(context)  # weights leave more room
+
+
+def test_a_unit_of_k_devices_is_timed_from_the_one_device_model():
+    from bidirl.perf.instances import InstanceModel
+    from bidirl.sim.run import perf_model
+
+    one = perf_model(small())
+    four = InstanceModel(one, 4)
+    assert four.decode_line(500.0) == one.decode_line(500.0, instance_devices=4)
+    assert four.max_concurrency(500.0) == one.max_concurrency(500.0, instance_devices=4) > one.max_concurrency(500.0)
+    assert four.train_compute_seconds(1e5) == pytest.approx(one.train_compute_seconds(1e5) / 4)
+    assert four.allreduce_seconds(2) == one.allreduce_seconds(8)  # two train groups of four: a ring of eight
+    assert four.gradient_return_seconds(1) == pytest.approx(one.gradient_return_seconds(1) / 4)  # shards in parallel
+    assert one.switch_seconds("rollout") > four.switch_seconds("rollout") > one.switch_fixed_s
+
+
+def test_coarse_instances_lend_whole_instances_and_report_devices():
+    cfg = small("cluster.devices=16", "cluster.instance_devices=4", "algorithm.staleness=0")
+    result = simulate(cfg, "bidirl", rollout_devices=8, keep_trace=True)
+    assert (result.devices, result.rollout_devices) == (16, 8)
+    assert len(result.cluster.devices) == 4  # four scheduling units of four devices
+    assert result.cluster.leases and result.bound_step_s <= result.step_s
+    with pytest.raises(ValueError, match="not whole instances of 4 devices"):
+        simulate(cfg, "areal", rollout_devices=6)

@@ -17,7 +17,8 @@ context-independent part of the per-sequence slope does not split::
 
 with the KV cache of all k devices and prefill at k times the FLOP/s. Against the published TP rows:
 intercept -5% .. +5%, slope +0.4% and +1.4% (32B TP2) but +26% (70B TP4, where the unsplit part
-looks smaller). The simulator and the planner still run one-device instances (k = 1, unchanged).
+looks smaller). The simulator and the planner run such instances as whole scheduling units
+(``cluster.instance_devices``, :mod:`bidirl.perf.instances`).
 
 Model sizes (parameters, KV bytes per token) are counted from a model's config, never written from a
 formula: the presets' published architectures are in ``ARCHITECTURES``, their counts in ``MODELS``
@@ -206,9 +207,10 @@ class PerfModel:
         """The primary's training state (fp32 master weights and two AdamW moments) sent to one device."""
         return 12 * self.model.params / self.hardware.link_bw
 
-    def switch_seconds(self, to: str = "") -> float:
-        """One role switch with sleep/wake (see the module docstring): the same for every policy."""
-        return self.switch_fixed_s + self.model.weight_bytes / self.hardware.host_bw
+    def switch_seconds(self, to: str = "", instance_devices: int = 1) -> float:
+        """One role switch with sleep/wake (see the module docstring): the same for every policy. The
+        devices of a tensor-parallel instance switch at once, each moving its 1/k of the weights."""
+        return self.switch_fixed_s + self.model.weight_bytes / instance_devices / self.hardware.host_bw
 
     def sync_seconds(self, devices: int) -> float:
         return self.sync_latency_s + self.model.weight_bytes / self.hardware.link_bw if devices > 1 else 0.0

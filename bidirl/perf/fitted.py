@@ -132,7 +132,8 @@ class FittedModel:
         # fp32 weights and two AdamW moments: three times the published (flattened fp32) weights
         return 3 * self.profile.weights["publish_s"]
 
-    def switch_seconds(self, to: str = "") -> float:
+    def switch_seconds(self, to: str = "", instance_devices: int = 1) -> float:
+        one_device(instance_devices)
         s = self.profile.switch
         return {"rollout": s["to_rollout_s"], "train": s["to_train_s"]}.get(to, max(s.values()))
 

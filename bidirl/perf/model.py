@@ -53,6 +53,7 @@ class PerformanceModel(Protocol):
         """The primary's training state (weights and optimizer moments) sent to a device joining the pool."""
         ...
 
-    def switch_seconds(self, to: str = "") -> float:
-        """One role switch into ``to`` ("rollout" or "train"; "" = either)."""
+    def switch_seconds(self, to: str = "", instance_devices: int = 1) -> float:
+        """One role switch into ``to`` ("rollout" or "train"; "" = either) of an instance of
+        ``instance_devices`` devices, all switching at once."""
         ...

@@ -49,6 +49,10 @@ def check_plan(cfg: PipelineConfig) -> None:
     from bidirl.sched.estimates import MeasuredEstimates
     from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 
+    if cfg.cluster.instance_devices != 1:
+        raise BidirlError(f"cluster.instance_devices={cfg.cluster.instance_devices}: instances of several devices are "
+                          "simulated and planned only (`bidirl simulate`, `bidirl plan`); the runtime's engines run "
+                          "one device each")
     every = cfg.cluster.replan_every  # a replanner that is never asked: the same assembly checks
     replanner = LengthReplanner(every, lambda: None, lambda mean: 0) if every else NO_REPLANNING
     try:

@@ -1,4 +1,8 @@
-"""Simulate one policy (or several) on the configured cluster; the figures ``bidirl simulate`` reports."""
+"""Simulate one policy (or several) on the configured cluster; the figures ``bidirl simulate`` reports.
+
+With ``cluster.instance_devices: k`` > 1 the scheduler runs on units of k devices (a rollout instance
+tensor-parallel over k, a train group of k; :mod:`bidirl.perf.instances`): the cluster of n devices
+is n/k units, every policy decides on units, and results are reported in devices."""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from typing import Any, Callable, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.perf.analytic import HARDWARE, MODELS, PerfModel
+from bidirl.perf.instances import InstanceModel
 from bidirl.perf.model import PerformanceModel
 from bidirl.perf.workload import Workload, preset
-from bidirl.sched.assembly import DriverCapabilities, assemble
+from bidirl.sched.assembly import DriverCapabilities, RunShape, assemble
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
@@ -72,6 +77,18 @@ def perf_model(cfg: PipelineConfig) -> PerformanceModel:
                      with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob, load_s=sim.load_s)
 
 
+def unit_model(cfg: PipelineConfig) -> PerformanceModel:
+    """The performance model of one scheduling unit: a device, or an instance of ``cluster.instance_devices``."""
+    k = cfg.cluster.instance_devices
+    return perf_model(cfg) if k == 1 else InstanceModel(perf_model(cfg), k)
+
+
+def unit_shape(cfg: PipelineConfig) -> RunShape:
+    """The run's shape in scheduling units (devices when ``cluster.instance_devices`` is 1)."""
+    shape, k = cfg.run_shape(), cfg.cluster.instance_devices
+    return dataclasses.replace(shape, devices=shape.devices // k, rollout_devices=shape.rollout_devices // k)
+
+
 def sim_workload(cfg: PipelineConfig) -> Workload:
     """The measured workload of ``sim.profile`` if it has one, else the ``sim.workload`` preset."""
     if cfg.sim.profile:
@@ -88,8 +105,8 @@ def model_estimates(cfg: PipelineConfig, perf: Optional[PerformanceModel] = None
     """What the cost-aware policies believe work costs, from the performance model of ``cfg`` (its
     profile or its analytic hardware) on its workload: what the simulator's policies decide with, and
     a live run's starting point before it has measured anything."""
-    perf, workload = perf or perf_model(cfg), workload or sim_workload(cfg)
-    shape = cfg.run_shape()
+    perf, workload = perf or unit_model(cfg), workload or sim_workload(cfg)
+    shape = unit_shape(cfg)
     return estimates(perf, workload, cfg.rollout.group_size, shape.batch_groups, shape.devices,
                      cfg.sim.switch_s or perf.switch_seconds(), shape.chunk_groups)
 
@@ -105,14 +122,18 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     ``driver``: the capabilities to simulate (default: the simulated cluster's -- mid-step joins,
     interruptible generation, continuous batching of a KV cache's worth of groups). Pass the live
     runtime's (:data:`~bidirl.sched.assembly.LIVE`) to predict a ``bidirl launch`` run: one chunk in
-    flight per device, no mid-step join, loads at the chunk's end."""
+    flight per device, no mid-step join, loads at the chunk's end. ``rollout_devices`` counts devices
+    (a multiple of ``cluster.instance_devices``), and so does the result."""
     start = time.perf_counter()
-    perf, workload = perf_model(cfg), workload or sim_workload(cfg)
-    shape = cfg.run_shape()
+    k = cfg.cluster.instance_devices
+    perf, workload = unit_model(cfg), workload or sim_workload(cfg)
+    shape = unit_shape(cfg)
     if eta is not None:
         shape = dataclasses.replace(shape, staleness=eta)
     if rollout_devices is not None:
-        shape = dataclasses.replace(shape, rollout_devices=rollout_devices)
+        if rollout_devices % k:
+            raise ValueError(f"{rollout_devices} rollout devices are not whole instances of {k} devices")
+        shape = dataclasses.replace(shape, rollout_devices=rollout_devices // k)
     B, G, devices, steps = shape.batch_groups, cfg.rollout.group_size, shape.devices, shape.steps
     switch_s = cfg.sim.switch_s  # one figure for every policy whose devices switch (0: the model's)
     est = model_estimates(cfg, perf, workload)
@@ -121,7 +142,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     simulator_can = driver or DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
                                                  inflight_groups=capacity_groups, rehomes=True)
     costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
-    replanner = (LengthReplanner(replan_every, lambda: costs.trained_lengths.mean_since_last_asked(), replan)
+    replanner = (LengthReplanner(replan_every, lambda: costs.trained_lengths.mean_since_last_asked(),
+                                 lambda mean: replan(mean) // k)  # the planner counts devices, the cluster units
                  if replan else NO_REPLANNING)
     run = assemble(policy_name, shape, simulator_can, est, replanner)
     policy, cluster = run.policy, run.cluster
@@ -132,7 +154,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     samples = cluster.trained_groups * G
     bound = bound_step(cfg, perf, shape.staleness) if with_bound else 0.0
     homes_map = {d.index: d.home.value for d in cluster.devices}
-    return SimResult(policy_name, cluster.eta, run.rollout_devices, devices, makespan,
+    return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      pool_idle_ratio(cluster.trace, makespan, homes_map),
                      time_breakdown(cluster.trace, makespan, homes_map), dict(cluster.staleness),
@@ -146,15 +168,17 @@ _BOUNDS: Dict[tuple, float] = {}
 def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float) -> float:
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
     comparison shares it)."""
+    units = cfg.cluster.devices // cfg.cluster.instance_devices
     key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps,
-           cfg.cluster.devices, cfg.seed, eta)
+           units, cfg.seed, eta)
     if key not in _BOUNDS:
         _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,
-                                  cfg.train.steps, cfg.cluster.devices, cfg.seed, eta)
+                                  cfg.train.steps, units, cfg.seed, eta)
     return _BOUNDS[key]
 
 
 def best_static_split(cfg: PipelineConfig, eta: float) -> SimResult:
     """The `areal` policy with its split chosen by search over every split (a tuned static baseline)."""
-    results = [simulate(cfg, "areal", eta, x) for x in range(1, cfg.cluster.devices)]
+    k = cfg.cluster.instance_devices
+    results = [simulate(cfg, "areal", eta, x) for x in range(k, cfg.cluster.devices, k)]
     return max(results, key=lambda r: r.samples_per_s)
