@@ -106,6 +106,26 @@ def test_a_trainer_that_adopts_anothers_training_state_steps_identically_from_th
         assert torch.equal(a, b), name
 
 
+def test_micro_batches_pulled_by_two_devices_sum_to_the_whole_batch_update(model_dir):
+    """Lazy pull: the step's devices compute gradients of different micro-batches; summed (the all-reduce)
+    and applied by the primary they give the update of the whole batch on one device, within fp32."""
+    whole, primary, helper = (TorchTrainEngine(model_dir, small_config()) for _ in range(3))
+    samples = HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS)
+    for i, s in enumerate(samples):
+        s.reward = float(i % 2)
+    assign_advantages(samples)
+    tokens, sequences = sum(len(s.completion_ids) for s in samples), len(samples)
+    whole.compute_grads(samples, tokens, sequences)
+    whole.apply_grads()
+    for part, device in ((samples[:4], primary), (samples[4:9], helper), (samples[9:], primary)):  # pulled in turn
+        device.compute_grads(part, tokens, sequences)
+    for mine, theirs in zip(primary.parameters(), helper.parameters()):
+        mine.grad += theirs.grad  # what the all-reduce sums
+    primary.apply_grads()
+    for (name, a), b in zip(whole.state_dict().items(), primary.state_dict().values()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+
+
 def test_a_corrupt_checkpoint_is_one_clear_error(model_dir, tmp_path):
     trainer = TorchTrainEngine(model_dir, small_config())
     trainer.save(str(tmp_path / "ckpt"))

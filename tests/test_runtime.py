@@ -144,13 +144,19 @@ def test_fully_async_streams_with_a_fractional_staleness_bound_in_the_live_runti
 
 def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tmp_path):
     root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl", "algorithm.staleness=0",
-                          "train.prompts_per_step=32", "train.steps=6")
+                          "train.prompts_per_step=32", "train.steps=6", "train.micro_batch_size=8")
     summary = json.loads((root / "summary.json").read_text())
     trace = read_jsonl(root / "trace.jsonl")
     assert summary["leases"]["train->rollout"]["leases"] > 0  # the idle trainer generated ...
     assert summary["leases"]["rollout->train"]["leases"] > 0  # ... and the blocked rollout device trained
     assert any(r["to"] == "generating" and r["home"] == "train" for r in trace)
     assert any(r["to"] == "training" and r["home"] == "rollout" for r in trace)
+    # the step starts without waiting for the borrowed device, which joins it mid-step and pulls micro-batches
+    joins = [r for r in trace if r["reason"].startswith("joins batch")]
+    assert joins and all(r["home"] == "rollout" for r in joins)
+    steps_joined = {int(r["reason"].split()[2]) for r in joins}
+    metrics = {r["step"] - 1: r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r}  # batch k -> v k+1
+    assert all(metrics[k]["train_devices"] == 2 for k in steps_joined)
     assert summary["staleness_histogram"] == {"0": 6 * 32} and trace[-1]["role"] == trace[-1]["home"]
     steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
     assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # lent devices generated with the newest weights

@@ -199,7 +199,7 @@ def test_measured_estimates_are_zero_until_measured_and_then_follow_the_run():
     measured = MeasuredEstimates(weight=0.5)
     assert not measured.current().measured
     measured.chunk(seconds=2.0, groups=4)
-    measured.step(seconds=3.0, devices=2, reduce_s=0.5)  # 2.5 s of gradient work on each of 2 devices
+    measured.step(work_s=5.0, reduce_s=0.5)  # 2.5 s of gradient work on each of 2 devices
     first = measured.current()
     assert first.measured and (first.generate_group_s, first.chunk_s, first.train_batch_s) == (0.5, 2.0, 5.0)
     measured.chunk(seconds=4.0, groups=4)

@@ -11,9 +11,10 @@
                     a batch (B groups, composed by the cluster bookkeeping: oldest version first)
     4. advantages   within each group: A_i = (r_i - mean r) / (std r + eps)     (bidirl.grpo)
     5. filter       groups whose rewards are all equal have zero advantage and teach nothing: dropped
-    6. shares       the informative samples are dealt round-robin to the step's devices; each scales
-                    its gradient by the whole batch's token count, so the shares add up to the batch
-                    gradient, and the primary trainer applies one optimizer step -> version k + 1
+    6. work queue   the informative samples, cut into micro-batches: the step's devices pull them one
+                    at a time (a device that joins mid-step takes a share of what is left); each
+                    scales its gradient by the whole batch's token count, so the parts add up to the
+                    batch gradient, and the primary trainer applies one optimizer step -> version k + 1
 
 Steps 1-3 run while earlier batches train; the scheduler decides when and where each happens. This
 module decides nothing about scheduling: it turns chunks into prompts and batches into train steps.
@@ -37,11 +38,13 @@ PROBE_SAMPLES = 8  # samples the primary re-scores before a step: the live check
 
 @dataclass
 class Batch:
-    """One optimizer step's data: a train command per device, and what is logged about it."""
+    """One optimizer step's data: its micro-batches, in order, to be pulled by the step's devices, and
+    what is logged about it."""
 
-    commands: List[Tuple[int, msg.TrainStep]]  # (device, its share)
+    step: int
+    items: List[msg.ComputeGrads]
     stats: Dict[str, Any]
-
+    probe: Tuple[Sample, ...]  # a few samples the primary re-scores with the weights it trains
 
 class RolloutData:
     def __init__(self, cfg: PipelineConfig, prompt: PromptBuilder):
@@ -68,9 +71,8 @@ class RolloutData:
         self.seconds[reply.chunk] = reply.seconds
         return len(by_prompt)
 
-    # 4-6. a batch the scheduler composed -> one train command per device
-    def batch(self, k: int, parts: Sequence[Tuple[Chunk, int]], members: Sequence[int], primary: int,
-              snapshot: bool) -> Batch:
+    # 4-6. a batch the scheduler composed -> its queue of micro-batches
+    def batch(self, k: int, parts: Sequence[Tuple[Chunk, int]]) -> Batch:
         samples: List[Sample] = []
         rollout_s = 0.0
         for chunk, groups in parts:
@@ -81,14 +83,10 @@ class RolloutData:
             rollout_s += self.seconds[chunk.index] * groups / chunk.groups  # device-seconds
         informative = [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
         total_tokens = max(1, sum(len(s.completion_ids) for s in informative))
-        members = tuple(members)
-        commands = []
-        for i, device in enumerate(members):
-            mine = device == primary
-            commands.append((device, msg.TrainStep(
-                step=k, samples=tuple(informative[i :: len(members)]), members=members, total_tokens=total_tokens,
-                total_sequences=max(1, len(informative)), snapshot=snapshot and mine,
-                probe=tuple(samples[:PROBE_SAMPLES]) if mine else ())))
+        micro = self.cfg.train.micro_batch_size
+        items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + micro]), total_tokens=total_tokens,
+                                  total_sequences=max(1, len(informative)))
+                 for i in range(0, len(informative), micro)]
         stats = {
             "reward_mean": sum(s.reward for s in samples) / len(samples),
             "completion_tokens_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
@@ -96,7 +94,6 @@ class RolloutData:
             "staleness_mean": sum((k - s.version) for s in samples) / len(samples),
             "staleness_max": max(k - s.version for s in samples),
             "rollout_s": round(rollout_s, 4),
-            "train_devices": len(members), "samples": len(samples),
-            "tokens": sum(len(s.completion_ids) for s in samples)}
-        return Batch(commands, stats)
+            "samples": len(samples), "tokens": sum(len(s.completion_ids) for s in samples)}
+        return Batch(k, items, stats, tuple(samples[:PROBE_SAMPLES]))
 

@@ -7,8 +7,10 @@
     publish the Plan; wait for N Ready        <────────    build groups + both engines, post Ready
     decide(Started) -> actions -> commands    ────────>    run commands in order (a FIFO queue each)
     loop until the last version exists:
-        wait for the next reply               <────────    ChunkGenerated | StepDone | WeightsStaged |
-                                                           WeightsLoaded | RoleSwitched
+        wait for the next reply               <────────    ChunkGenerated | GradsComputed | StepDone |
+                                                           WeightsStaged | WeightsLoaded | RoleSwitched
+        GradsComputed -> that device pulls the step's next micro-batch; when none is left and none
+                         is being computed, FinishStep to every device of the step
         reply -> event (a train step or a weight publish is done when every member reported)
         cluster.complete(event); policy.decide(event, cluster) -> actions -> commands
     SaveCheckpoint to the primary; EvaluateSnapshots to device 0; Stop everyone; report
@@ -21,12 +23,21 @@ the simulator uses; the RL data (prompts, groups, advantages, shares) comes from
 Interrupted generation: a load or a switch sent to a busy rollout device runs after its chunk in
 flight (``launch.chunk_groups`` prompt groups), the safe point; that chunk keeps the version it
 started with, and the staleness bound counts it so.
+
+Lazy pull: a train step is a queue of micro-batches (:mod:`bidirl.runtime.batches`); each device of
+the step is sent one, and the next when it reports it done, so a device that joins mid-step (``Join``,
+e.g. a rollout device the staleness bound blocks) takes a share of what is left. Once the last
+micro-batch is handed out the step accepts no more joiners (``Cluster.close_step``); once all are
+computed every device of the step gets ``FinishStep``: one all-reduce over exactly those devices, then
+the home trainers' optimizer step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from bidirl.config import PipelineConfig
@@ -34,7 +45,7 @@ from bidirl.errors import BidirlError
 from bidirl.prompts import PromptBuilder
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
-from bidirl.runtime.batches import RolloutData
+from bidirl.runtime.batches import Batch, RolloutData
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import LIVE, assemble
@@ -43,6 +54,21 @@ from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner, R
 from bidirl.sched.roles import Role
 from bidirl.sched.trace import median
 from bidirl.ui import progress_bar, say
+
+
+@dataclass
+class StepInProgress:
+    """The train step being computed: its micro-batches not yet handed out, the devices computing one,
+    every device taking part (joiners included), and the gradient work done so far."""
+
+    batch: Batch
+    snapshot: bool
+    members: List[int]
+    started: float
+    left: deque = field(default_factory=deque)
+    computing: Set[int] = field(default_factory=set)
+    work_s: float = 0.0  # device-seconds of gradient work reported
+    finishing: bool = False
 
 
 class Controller:
@@ -69,6 +95,7 @@ class Controller:
         self.report = RunReport(cfg, run)
         self.pending: Dict[str, Set[int]] = {"train": set(), "sync": set()}  # collectives not yet reported
         self.primary_done: Optional[msg.StepDone] = None
+        self.step: Optional[StepInProgress] = None
         self.checksums: Dict[int, Tuple[float, float]] = {}  # home trainers' weights after the step in progress
         self.batch_stats: Dict[str, Any] = {}
         self.sync_started = 0.0
@@ -153,6 +180,12 @@ class Controller:
         self.report.sync_seconds.append(time.perf_counter() - self.sync_started)
         return ev.SyncDone(self.cluster.syncing)
 
+    def _grads_computed(self, reply: msg.GradsComputed) -> None:
+        self.step.computing.discard(reply.device)
+        self.step.work_s += reply.compute_s
+        self.pull(reply.device)
+        return None  # the step is done when every device has finished it (StepDone)
+
     def _step_done(self, reply: msg.StepDone) -> Optional[ev.Event]:
         if reply.device == self.cluster.primary:
             self.primary_done = reply
@@ -161,9 +194,11 @@ class Controller:
         if not self.collective_done("train", reply.device):
             return None
         self.check_replicas_agree()
-        primary = self.primary_done
-        self.measured.step(primary.seconds, len(self.cluster.training_devices), primary.reduce_s)
-        self.bar(**self.report.step_done(primary, self.batch_stats))
+        primary, step = self.primary_done, self.step
+        self.measured.step(step.work_s, primary.reduce_s)
+        stats = {**self.batch_stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4)}
+        self.bar(**self.report.step_done(primary, stats, time.perf_counter() - step.started))
+        self.step = None
         return ev.TrainDone(primary.version)
 
     def _train_state_shared(self, reply: msg.TrainStateShared) -> None:
@@ -172,6 +207,7 @@ class Controller:
 
     TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.RoleSwitched: _role_switched,
                  msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
+                 msg.GradsComputed: _grads_computed,
                  msg.TrainStateShared: _train_state_shared}
 
     def check_replicas_agree(self) -> None:
@@ -196,13 +232,33 @@ class Controller:
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first
-        batch = self.data.batch(k, self.cluster.batch_chunks(k), action.devices, self.cluster.primary,
-                                snapshot=self.report.wants_snapshot(k + 1))
-        for device, command in batch.commands:
-            self.mailbox.send(device, command)
-        self.pending["train"] = set(action.devices)
+        batch = self.data.batch(k, self.cluster.batch_chunks(k))
+        self.step = StepInProgress(batch, self.report.wants_snapshot(k + 1), list(action.devices),
+                                   time.perf_counter(), deque(batch.items))
         self.batch_stats = batch.stats
         self.trained_lengths.trained(batch.stats["tokens"], batch.stats["samples"])
+        for device in action.devices:
+            self.pull(device)
+
+    def pull(self, device: int) -> None:
+        """``device`` is free for the step: it gets the next micro-batch, or, once every micro-batch is
+        computed, the step finishes on all its devices."""
+        step = self.step
+        if step.left:
+            self.mailbox.send(device, step.left.popleft())
+            step.computing.add(device)
+            if not step.left:
+                self.cluster.close_step()  # nothing left to share: a device joining now would only wait
+        elif not step.computing and not step.finishing:
+            self.cluster.close_step()
+            step.finishing = True
+            members, primary = tuple(sorted(step.members)), self.cluster.primary
+            for member in members:
+                mine = member == primary
+                self.mailbox.send(member, msg.FinishStep(step=step.batch.step, members=members,
+                                                         snapshot=step.snapshot and mine,
+                                                         probe=step.batch.probe if mine else ()))
+            self.pending["train"] = set(members)
 
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background
         self.sync_started = time.perf_counter()
@@ -219,8 +275,9 @@ class Controller:
     def _switch(self, action: ev.Switch) -> None:
         self.mailbox.send(action.device, msg.SwitchRole(action.role))
 
-    def _join(self, action: ev.Join) -> None:
-        raise BidirlError("the live runtime cannot add a device to a train step in progress (LIVE.allows_join)")
+    def _join(self, action: ev.Join) -> None:  # the bookkeeping checked there is work left to share
+        self.step.members.append(action.device)
+        self.pull(action.device)
 
     def _rehome(self, action: ev.Rehome) -> None:
         # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary

@@ -13,7 +13,10 @@ command took.
     controller                                      worker main thread        weight receiver thread
     Plan (published once) ───────────────────────►  reads it at start-up
     GenerateChunk  ──►  ChunkGenerated              generate, reward
-    TrainStep      ──►  StepDone                    gradients, all-reduce, (home trainers) optimizer step
+    ComputeGrads   ──►  GradsComputed               one micro-batch's gradients, added to the step's (a step's
+                                                    devices pull its micro-batches one at a time, so
+                                                    one that joins mid-step takes a share of the rest)
+    FinishStep     ──►  StepDone                    all-reduce, (home trainers) optimizer step
     PublishWeights ──►  WeightsStaged (primary's sender thread, once its broadcast is done)
     ReceiveWeights ─────────────────────────────────────────────────────────► join the broadcast
                                                                                ──► WeightsStaged
@@ -63,15 +66,27 @@ class GenerateChunk(Command):
 
 
 @dataclass(frozen=True)
-class TrainStep(Command):
-    handler = "train_step"
+class ComputeGrads(Command):
+    """One micro-batch of a step's work, pulled by a device of the step (lazy pull): its gradients are
+    added to those the device holds for the step."""
+
+    handler = "compute_grads"
     step: int  # the batch (= the version it is trained from)
-    samples: Tuple[Sample, ...]  # this device's share of the batch's informative samples
-    members: Tuple[int, ...]  # every device of the step (the all-reduce group)
-    total_tokens: int  # of the whole batch: shares scale their gradients by it, so they add up
+    samples: Tuple[Sample, ...]  # one micro-batch of the batch's informative samples
+    total_tokens: int  # of the whole batch: every part scales its gradients by it, so they add up
     total_sequences: int
+
+
+@dataclass(frozen=True)
+class FinishStep(Command):
+    """Every item of the step is computed: sum the gradients over the step's devices; home trainers step
+    their optimizer replicas, lent devices drop theirs."""
+
+    handler = "finish_step"
+    step: int
+    members: Tuple[int, ...]  # every device of the step, joiners included (the all-reduce group)
     snapshot: bool = False  # save a weight snapshot after the step (primary only)
-    probe: Tuple[Sample, ...] = ()  # a few samples for the log-prob check (primary only)
+    probe: Tuple[Sample, ...] = ()  # a few samples for the log-prob check, before the update (primary only)
 
 
 @dataclass(frozen=True)
@@ -137,7 +152,7 @@ class Stop(Command):
     handler = "stop"
 
 
-COMMANDS: Tuple[type, ...] = (GenerateChunk, TrainStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
+COMMANDS: Tuple[type, ...] = (GenerateChunk, ComputeGrads, FinishStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
                               ChangeHome, ShareTrainState, EvaluateSnapshots, SaveCheckpoint, Stop)
 
 # ---- replies (worker -> controller) ------------------------------------------------------------
@@ -160,6 +175,13 @@ class ChunkGenerated(Reply):
     chunk: int
     samples: List[Sample]  # rewarded, in prompt order
     version: int
+
+
+@dataclass
+class GradsComputed(Reply):
+    step: int
+    compute_s: float  # gradient work of the item (device-seconds)
+    samples: int
 
 
 @dataclass
@@ -220,7 +242,7 @@ class Stopped(Reply):
     pass
 
 
-REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched,
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GradsComputed, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched,
                              TrainStateShared, Evaluated, CheckpointSaved, Stopped)
 
 Message = Any  # a Plan, a Command or a Reply

@@ -55,7 +55,8 @@ class RunReport:
         return False
 
     # ---- per step ----------------------------------------------------------------------------
-    def step_done(self, primary: msg.StepDone, batch: Dict[str, Any]) -> Dict[str, Any]:
+    def step_done(self, primary: msg.StepDone, batch: Dict[str, Any], train_s: float) -> Dict[str, Any]:
+        """``train_s``: the step's wall time, from its first micro-batch sent to its last device done."""
         self.consumed_samples += batch["samples"]
         self.consumed_tokens += batch["tokens"]
         elapsed = self.elapsed()
@@ -63,7 +64,7 @@ class RunReport:
         last_sync = self.sync_seconds[-1] if self.sync_seconds else 0.0
         stats = {k: v for k, v in primary.stats.items() if isinstance(v, (int, float))}
         self.run.log(primary.version, **{k: v for k, v in batch.items() if k not in ("samples", "tokens")},
-                     **stats, train_s=round(primary.seconds, 4), reduce_s=round(primary.reduce_s, 4),
+                     **stats, train_s=round(train_s, 4), reduce_s=round(primary.reduce_s, 4),
                      sync_s=round(last_sync, 4), samples_consumed=self.consumed_samples,
                      samples_per_s=self.consumed_samples / elapsed, tokens_per_s=self.consumed_tokens / elapsed)
         return {"reward": batch["reward_mean"], "stale": batch["staleness_mean"]}

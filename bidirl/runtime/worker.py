@@ -11,8 +11,10 @@ command moves it IDLE -> GENERATING / TRAINING / SYNCING / SWITCHING / EVALUATIN
 illegal order (generating while serving train, say) fails here exactly as it would in the
 scheduler's bookkeeping.
 
-Gradients. Members of a train step compute gradients on their slice (scaled by the whole batch's token
-count, so slices add up) and all-reduce them over the pre-built group of exactly those members. Every
+Gradients. The devices of a train step pull its micro-batches one at a time (``ComputeGrads``: each
+scaled by the whole batch's token count, so the parts add up, and added to the device's ``.grad``), so
+a device that joins mid-step takes a share of the rest; then (``FinishStep``) they all-reduce over the
+pre-built group of exactly those devices. Every
 *home* trainer then applies the same optimizer step to its replica (data parallelism: they stay
 identical); a lent rollout device only contributed gradients and keeps no optimizer state, so the
 train pool stays the one source of versions. A device that joins the train pool for good (re-planning,
@@ -51,6 +53,9 @@ from bidirl.sched.roles import Device, DeviceState, Role
 S = DeviceState
 
 
+SUMMED = ("loss", "kl")  # statistics that are parts of a batch-wide sum; the others are per-sample means
+
+
 class Worker:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, device: int, devices: int, model_path: str,
                  store: Any = None, rollout: Any = None, receiver_mailbox: Any = None):
@@ -71,6 +76,7 @@ class Worker:
         self.params = self.train.parameters()
         self.staged: Dict[int, Any] = {}  # version -> flat weights received in the background
         self.staged_ready = threading.Condition()
+        self.step_stats: Dict[int, Dict[str, Any]] = {}  # the step in progress -> this device's statistics so far
         if device == self.primary:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -110,31 +116,44 @@ class Worker:
             sample.extra["group"] = command.first_group + sample.prompt_index
         return msg.ChunkGenerated(chunk=command.chunk, samples=samples, version=self.rollout.version)
 
-    def train_step(self, command: msg.TrainStep) -> msg.StepDone:
-        with self.doing(S.TRAINING, f"batch {command.step}"):
+    def compute_grads(self, command: msg.ComputeGrads) -> msg.GradsComputed:
+        """One pulled micro-batch: its gradients are added to the step's (the model's ``.grad``)."""
+        with self.doing(S.TRAINING, f"batch {command.step}: {len(command.samples)} samples"):
+            step = self.step_stats.setdefault(command.step, {"samples": 0, "sums": {}})
+            start = time.perf_counter()
+            stats = self.train.compute_grads(command.samples, command.total_tokens, command.total_sequences)
+            compute_s = time.perf_counter() - start
+            n = len(command.samples)
+            step["samples"] += n
+            for key, value in stats.items():  # loss and kl are parts of the batch's sum; the rest means
+                step["sums"][key] = step["sums"].get(key, 0.0) + (value if key in SUMMED else value * n)
+        return msg.GradsComputed(step=command.step, compute_s=compute_s, samples=n)
+
+    def finish_step(self, command: msg.FinishStep) -> msg.StepDone:
+        """The step's gradients summed over its devices; home trainers step, lent devices drop theirs."""
+        with self.doing(S.TRAINING, f"batch {command.step}: reduce"):
             torch = self.torch
-            gap = self.logprob_gap(command.probe)
-            compute_start = time.perf_counter()
-            stats = (self.train.compute_grads(command.samples, command.total_tokens, command.total_sequences)
-                     if command.samples else {})
+            step = self.step_stats.pop(command.step, {"samples": 0, "sums": {}})
+            stats = {key: value if key in SUMMED else value / max(1, step["samples"])
+                     for key, value in step["sums"].items()}
+            stats.update(self.logprob_gap(command.probe))  # the weights are still those trained from
             grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                                for p in self.params])
-            compute_s = time.perf_counter() - compute_start
             reduce_start = time.perf_counter()
             self.groups.allreduce_sum(grads, command.members)
             reduce_s = time.perf_counter() - reduce_start
             if self.state.home is not Role.TRAIN:  # a lent rollout device: gradients given, no optimizer to step
                 self.train.zero_grads()
-                return msg.StepDone(version=None, compute_s=compute_s, reduce_s=reduce_s)
+                return msg.StepDone(version=None, compute_s=0.0, reduce_s=reduce_s)
             offset = 0
             for p in self.params:
                 p.grad = grads[offset : offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
-            stats.update(self.train.apply_grads(), **gap)
+            stats.update(self.train.apply_grads())
             self.state.version = self.train.version
             if command.snapshot:
                 self.save_snapshot(self.train.version)
-        return msg.StepDone(version=self.train.version, compute_s=compute_s, reduce_s=reduce_s, stats=stats,
+        return msg.StepDone(version=self.train.version, compute_s=0.0, reduce_s=reduce_s, stats=stats,
                             checksum=self.weights_checksum())
 
     def publish(self, command: msg.PublishWeights) -> None:

@@ -52,7 +52,7 @@ class DriverCapabilities:
     rehomes: bool = False  # move a device to another home pool at run time (Rehome: re-planning)
 
 
-LIVE = DriverCapabilities(allows_join=False, interruptible=False, streams_updates=False, rehomes=True)
+LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True)
 
 
 @dataclass

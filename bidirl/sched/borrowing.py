@@ -131,7 +131,7 @@ class BidirlPolicy(VerlDynamicPolicy):
             return []
         switching_in = any(d.home is Role.ROLLOUT and d.role is Role.TRAIN and not d.idle for d in cluster.devices)
         if switching_in and not cluster.allows_join:
-            return []  # the live worker splits the batch at the start: wait for the borrowed devices
+            return []  # a driver that cannot add devices to a running step: wait for the borrowed devices
         borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
         devices = home + borrowed
         self.step = StepProgress(self.estimates.train_batch_s, len(devices), cluster.now)
@@ -163,7 +163,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         for d in cluster.idle(Role.TRAIN):
             if d.home is not Role.ROLLOUT or d.after_work:
                 continue
-            if cluster.training is not None and d.version == cluster.version and cluster.allows_join \
+            if cluster.accepting_joins and d.version == cluster.version \
                     and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
                 issue(cluster, actions, ev.Join(d.index))
                 self.step.join(cluster.now)
@@ -173,8 +173,7 @@ class BidirlPolicy(VerlDynamicPolicy):
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
         join it) or its batch is ready."""
-        step_open = cluster.training is not None and cluster.allows_join
-        if not (step_open or (cluster.training is None and cluster.batch_ready())):
+        if not (cluster.accepting_joins or (cluster.training is None and cluster.batch_ready())):
             return
         blocked = [d for d in cluster.idle(Role.ROLLOUT)
                    if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version

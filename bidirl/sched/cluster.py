@@ -104,9 +104,11 @@ class Cluster:
         # of continuous batching in the simulator
         self.inflight_groups = inflight_groups or chunk_groups
         self.interruptible = interruptible
-        # can the driver add a device to a train step in progress (``Join``)? The simulator can; the
-        # live worker splits a step's batch when the step starts, so there lent devices join at the start
+        # can the driver add a device to a train step in progress (``Join``)? Both can: the simulator
+        # splits the work left, the live workers pull micro-batches. ``accepting_joins``: the step in
+        # progress still has work to share (the live driver closes it once every micro-batch is out)
         self.allows_join = allows_join
+        self.accepting_joins = False
         self.deadlines = deadlines
         self.version = 0  # newest version, held by the primary trainer
         self.published = 0  # newest version staged on every device
@@ -195,6 +197,10 @@ class Cluster:
         assert chunk.device == action.device, "Generate actions must be carried out in the order applied"
         return chunk
 
+    def close_step(self) -> None:
+        """The driver has handed out all the work of the step in progress: no device may join it now."""
+        self.accepting_joins = False
+
     def batch_chunks(self, k: int) -> List[Tuple[Chunk, int]]:
         """The chunks batch ``k`` took groups from, with how many groups each."""
         return [(self.chunks[c], n) for c, n in self.batch_parts.get(k, [])]
@@ -265,6 +271,7 @@ class Cluster:
         assert self.primary in action.devices, "the primary trainer always takes part: it owns the optimizer"
         self.training = action
         self.training_devices = list(action.devices)
+        self.accepting_joins = self.allows_join
         parts = self._compose_batch(self.version)
         low, high = min(self.chunks[c].version for c, _ in parts), max(self.chunks[c].version for c, _ in parts)
         for index in action.devices:
@@ -276,6 +283,7 @@ class Cluster:
         device = self.devices[action.device]
         assert self.allows_join, "this driver cannot add a device to a step in progress"
         assert self.training is not None, "a device can only join a step in progress"
+        assert self.accepting_joins, "the step in progress has no work left to share"
         assert device.role is Role.TRAIN and device.idle and device.index not in self.training_devices
         assert device.version == self.version, f"device {device.index} would compute gradients on stale weights"
         self.training_devices.append(device.index)
@@ -413,6 +421,7 @@ class Cluster:
         self.version = event.version
         self.version_times.append(self.now)
         trainers, self.training, self.training_devices = self.training_devices, None, []
+        self.accepting_joins = False
         for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;
             if self.devices[index].home is Role.TRAIN:  # a lent rollout device only lent its gradients
                 self.devices[index].version = event.version

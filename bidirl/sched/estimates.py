@@ -68,8 +68,10 @@ class MeasuredEstimates:
         self._observe("generate_group_s", seconds / groups)
         self._observe("chunk_s", seconds)
 
-    def step(self, seconds: float, devices: int, reduce_s: float) -> None:
-        self._observe("train_batch_s", (seconds - reduce_s) * devices)  # device-seconds of gradient work
+    def step(self, work_s: float, reduce_s: float) -> None:
+        """A step took ``work_s`` device-seconds of gradient work (summed over its devices) and a
+        ``reduce_s`` gradient all-reduce."""
+        self._observe("train_batch_s", work_s)
         self._observe("grad_transfer_s", reduce_s)
 
     def switch(self, seconds: float) -> None:

@@ -90,9 +90,9 @@ class Train(Action):
 @dataclass(frozen=True)
 class Join(Action):
     """``device`` (serving train, holding the version being trained) joins the step in progress and takes
-    part of the gradient work not yet done -- BiDiRL's lazy pulling of micro-batches. Only drivers that
-    can add a device to a running step (``Cluster.allows_join``: the simulator) receive it; the live
-    worker splits a step's batch when the step starts."""
+    part of the gradient work not yet done -- BiDiRL's lazy pulling of micro-batches: the simulator
+    splits the work left, the live devices of a step pull its micro-batches one at a time. Only while
+    the step has work left to share (``Cluster.accepting_joins``)."""
 
     device: int
 

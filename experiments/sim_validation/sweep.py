@@ -23,6 +23,11 @@ the published verl-async).
 
 ``--switch`` instead sweeps the one switch cost every switching policy pays (0.5, 1, 2 s) on
 gsm8k and math at eta 0 and 1, at the splits found with the modelled cost.
+
+``--instances K`` runs the whole table with coarse instances (``cluster.instance_devices=K``: every
+rollout instance tensor-parallel over K devices, every train group K devices, leases of whole
+instances) and ``--model M`` with another model preset (``sim.model``), e.g. ``--instances 4`` for
+7B and ``--instances 8 --model 32B``.
 """
 
 from __future__ import annotations
@@ -111,6 +116,11 @@ def switch_row(args) -> str:
 
 
 def main(argv: List[str]) -> None:
+    for flag, key in (("--instances", "cluster.instance_devices"), ("--model", "sim.model")):
+        if flag in argv:
+            at = argv.index(flag)
+            EVERYONE.append(f"{key}={argv[at + 1]}")
+            argv = argv[:at] + argv[at + 2:]
     numbers = [a for a in argv if not a.startswith("--")]
     steps = int(numbers[0]) if numbers else 60
     processes = int(numbers[1]) if len(numbers) > 1 else 2
