@@ -10,6 +10,7 @@ import pytest
 from bidirl.config import load_config
 from bidirl.sched.policy import policy_names
 from bidirl.sim.instance import Instance
+from bidirl.sched.assembly import LIVE
 from bidirl.sim.run import best_static_split, simulate
 
 SMALL_CLUSTER = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
@@ -255,3 +256,25 @@ def test_coarse_instances_lend_whole_instances_and_report_devices():
     assert result.cluster.leases and result.bound_step_s <= result.step_s
     with pytest.raises(ValueError, match="not whole instances of 4 devices"):
         simulate(cfg, "areal", rollout_devices=6)
+
+
+def test_a_pulled_step_gives_a_joiner_only_micro_batches_nobody_has_started():
+    from bidirl.sim.simulator import PulledStep
+
+    step = PulledStep(item_s=1.0, items=4, devices=1, now=0.0)
+    assert step.finish() == 4.0 and step.last_start == 3.0
+    step.join(0.5)  # the first micro-batch runs on; the joiner takes the second at once
+    assert step.finish() == pytest.approx(2.5) and step.last_start == 1.5  # 0-1, 0.5-1.5, 1-2, 1.5-2.5
+    late = PulledStep(item_s=1.0, items=4, devices=1, now=0.0)
+    late.join(3.5)  # everything has started: joining saves nothing
+    assert late.finish() == 4.0
+
+
+def test_the_live_prediction_joins_in_whole_micro_batches_and_coarser_ones_share_less():
+    steps = {}
+    for micro in (8, 64):
+        cfg = small("cluster.devices=2", "train.prompts_per_step=16", "rollout.group_size=4", "launch.chunk_groups=4",
+                    "algorithm.staleness=0", f"train.micro_batch_size={micro}")
+        result = simulate(cfg, "bidirl", rollout_devices=1, driver=LIVE, keep_trace=True)
+        steps[micro] = (result.step_s, sum(r["reason"].startswith("joins") for r in result.cluster.trace))
+    assert steps[8][1] > 0 and steps[8][0] < steps[64][0]  # 64 informative samples at most: one micro-batch

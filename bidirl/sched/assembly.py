@@ -50,9 +50,13 @@ class DriverCapabilities:
     streams_updates: bool  # several optimizer updates per weight sync
     inflight_groups: int = 0  # groups a rollout device may hold at once (0: one chunk)
     rehomes: bool = False  # move a device to another home pool at run time (Rehome: re-planning)
+    # a step's devices pull its work in micro-batches (train.micro_batch_size samples) rather than
+    # dividing it continuously: a device that joins mid-step takes only micro-batches nobody started
+    pulls_micro_batches: bool = False
 
 
-LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True)
+LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True,
+                          pulls_micro_batches=True)
 
 
 @dataclass

@@ -68,6 +68,10 @@ class CalibratedCosts:
         self.train_device_s += work
         return work
 
+    def trained_samples(self, batch: List[Tuple[Chunk, int]]) -> float:
+        """Samples of a batch that GRPO trains (in groups whose rewards differ)."""
+        return sum(groups for _, groups in batch) * self.G * self.workload.informative
+
     def adopt(self, device: int) -> float:
         """A device joining the train pool for good receives the primary's training state."""
         return self.perf.train_state_seconds()

@@ -148,7 +148,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     run = assemble(policy_name, shape, simulator_can, est, replanner)
     policy, cluster = run.policy, run.cluster
     costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s)
-    simulator = Simulator(cluster, policy, costs)
+    pull = cfg.train.micro_batch_size if simulator_can.pulls_micro_batches else 0
+    simulator = Simulator(cluster, policy, costs, pull_samples=pull)
     simulator.run()
     makespan = cluster.now
     samples = cluster.trained_groups * G

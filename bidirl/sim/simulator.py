@@ -14,7 +14,10 @@
 A train step is timed as gradient work (device-seconds) shared by its devices, plus an all-reduce
 among the home trainers, plus the gradients of every lent device (Trainer-on-RollPool) returned to
 the primary one after another; a device that joins it (``Join``) takes a share of the work left and
-adds its gradient return, and the step's finish is re-timed.
+adds its gradient return, and the step's finish is re-timed. With ``pull_samples`` (the live
+runtime's micro-batch) the work comes in equal micro-batches that the step's devices pull one at a
+time (:class:`PulledStep`): a joiner takes only micro-batches nobody has started, and once the last
+one has started the step accepts no joiners (``Cluster.close_step``), as in the live controller.
 
 Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
 with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
@@ -96,6 +100,48 @@ class StepTick:
     epoch: int
 
 
+class PulledStep:
+    """A train step of ``items`` equal micro-batches of ``item_s`` seconds each, pulled one at a time by
+    the step's devices (earliest free first); a device that joins at ``now`` takes micro-batches nobody
+    has started. The same interface as :class:`~bidirl.sched.estimates.StepProgress` for the driver."""
+
+    def __init__(self, item_s: float, items: int, devices: int, now: float, epoch: int = 0):
+        self.item_s, self.items, self.devices, self.epoch = item_s, items, devices, epoch
+        self.starts: List[Tuple[float, int]] = []  # (start, device slot) per micro-batch
+        self._assign([now] * devices, 0)
+
+    def _assign(self, free: List[float], kept: int) -> None:
+        heap = [(t, slot) for slot, t in enumerate(free)]
+        heapq.heapify(heap)
+        for _ in range(self.items - kept):
+            t, slot = heapq.heappop(heap)
+            self.starts.append((t, slot))
+            heapq.heappush(heap, (t + self.item_s, slot))
+
+    @property
+    def last_start(self) -> float:
+        return max(start for start, _ in self.starts)
+
+    def finish(self, communication_s: float = 0.0) -> float:
+        return max(start for start, _ in self.starts) + self.item_s + communication_s
+
+    def join(self, now: float, epoch: int = 0) -> None:
+        kept = [(start, slot) for start, slot in self.starts if start < now]  # started: they run to the end
+        self.devices += 1
+        free = [now] * self.devices  # the joiner is free now, and so is any device between micro-batches
+        for start, slot in kept:
+            free[slot] = max(free[slot], start + self.item_s)
+        self.starts, self.epoch = kept, epoch
+        self._assign(free, len(kept))
+
+
+@dataclass(frozen=True)
+class CloseTick:
+    """Internal: the last micro-batch of the step in progress has started (unless it was re-planned)."""
+
+    epoch: int
+
+
 @dataclass(frozen=True)
 class Tick:
     """Internal: an instance's next sequence finish (ignored if the instance changed since)."""
@@ -105,8 +151,10 @@ class Tick:
 
 
 class Simulator:
-    def __init__(self, cluster: Cluster, policy: Any, costs: Any, max_events: int = 50_000_000):
+    def __init__(self, cluster: Cluster, policy: Any, costs: Any, max_events: int = 50_000_000,
+                 pull_samples: int = 0):
         self.cluster, self.policy, self.costs, self.max_events = cluster, policy, costs, max_events
+        self.pull_samples = pull_samples  # samples per pulled micro-batch (0: work divides continuously)
         self.heap: List[Tuple[float, int, Any]] = []
         self.seq = itertools.count()
         self.scheduled: set = set()  # (device, state) whose completion is already on the heap
@@ -115,7 +163,7 @@ class Simulator:
         self.ticked: Dict[int, int] = {}
         self.trace_seen = 0
         self.dirty: set = set()
-        self.step: Optional[StepProgress] = None
+        self.step: Any = None  # StepProgress, or PulledStep when devices pull micro-batches
         self.step_epochs = itertools.count()
 
     def push(self, time: float, event: Any) -> None:
@@ -135,6 +183,9 @@ class Simulator:
                 for chunk, groups in self.completed_groups(instance.finish_due(now)):
                     self.handle(ev.ChunkDone(event.device, chunk, groups), now)
                 self.dirty.add(event.device)
+            elif isinstance(event, CloseTick):
+                if self.step is not None and event.epoch == self.step.epoch:
+                    self.cluster.close_step()
             elif isinstance(event, StepTick):
                 if self.step is not None and event.epoch == self.step.epoch:
                     self.step = None
@@ -180,14 +231,22 @@ class Simulator:
 
     def _train(self, action: ev.Train, now: float) -> None:  # apply() composed the batch already
         cluster = self.cluster
-        self.step = StepProgress(self.costs.train_work(cluster.batch_chunks(cluster.version)),
-                                 len(action.devices), now, next(self.step_epochs))
+        parts = cluster.batch_chunks(cluster.version)
+        epoch = next(self.step_epochs)
+        if self.pull_samples:
+            items = max(1, math.ceil(self.costs.trained_samples(parts) / self.pull_samples))
+            self.step = PulledStep(self.costs.train_work(parts) / items, items, len(action.devices), now, epoch)
+            self.push(self.step.last_start, CloseTick(epoch))
+        else:
+            self.step = StepProgress(self.costs.train_work(parts), len(action.devices), now, epoch)
         self.push(self.step.finish(self.step_communication(action.devices)), StepTick(self.step.epoch))
         self.beside_training(now, action.devices)
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
         self.step.join(now, next(self.step_epochs))
         self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
+        if self.pull_samples:
+            self.push(self.step.last_start, CloseTick(self.step.epoch))
         self.beside_training(now, self.cluster.training_devices)
 
     def beside_training(self, now: float, training) -> None:
