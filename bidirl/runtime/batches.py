@@ -32,6 +32,7 @@ from bidirl.prompts import PromptBuilder
 from bidirl.runtime import protocol as msg
 from bidirl.samples import Sample, SamplingParams
 from bidirl.sched.cluster import Chunk
+from bidirl.sched.estimates import pulled_items
 
 PROBE_SAMPLES = 8  # samples the primary re-scores before a step: the live check that weight loads arrive
 
@@ -72,7 +73,7 @@ class RolloutData:
         return len(by_prompt)
 
     # 4-6. a batch the scheduler composed -> its queue of micro-batches
-    def batch(self, k: int, parts: Sequence[Tuple[Chunk, int]]) -> Batch:
+    def batch(self, k: int, parts: Sequence[Tuple[Chunk, int]], devices: int = 1) -> Batch:
         samples: List[Sample] = []
         rollout_s = 0.0
         for chunk, groups in parts:
@@ -83,10 +84,11 @@ class RolloutData:
             rollout_s += self.seconds[chunk.index] * groups / chunk.groups  # device-seconds
         informative = [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
         total_tokens = max(1, sum(len(s.completion_ids) for s in informative))
-        micro = self.cfg.train.micro_batch_size
-        items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + micro]), total_tokens=total_tokens,
+        count = pulled_items(len(informative), self.cfg.train.micro_batch_size, devices)
+        size = -(-len(informative) // count) if informative else 1
+        items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + size]), total_tokens=total_tokens,
                                   total_sequences=max(1, len(informative)))
-                 for i in range(0, len(informative), micro)]
+                 for i in range(0, len(informative), size)]
         stats = {
             "reward_mean": sum(s.reward for s in samples) / len(samples),
             "completion_tokens_mean": sum(len(s.completion_ids) for s in samples) / len(samples),

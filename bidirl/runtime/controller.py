@@ -232,7 +232,7 @@ class Controller:
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first
-        batch = self.data.batch(k, self.cluster.batch_chunks(k))
+        batch = self.data.batch(k, self.cluster.batch_chunks(k), len(action.devices))
         self.step = StepInProgress(batch, self.report.wants_snapshot(k + 1), list(action.devices),
                                    time.perf_counter(), deque(batch.items))
         self.batch_stats = batch.stats

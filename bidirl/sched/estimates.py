@@ -81,6 +81,13 @@ class MeasuredEstimates:
         return Estimates(**self.values)
 
 
+def pulled_items(samples: int, micro_batch: int, devices: int) -> int:
+    """Micro-batches a step of ``samples`` is cut into when its devices pull them: at most
+    ``micro_batch`` samples each, and at least two per starting device (so every device of the step
+    has work and one that joins mid-step can still find some), never more than one per sample."""
+    return max(1, min(samples, max(-(-samples // max(1, micro_batch)), 2 * devices)))
+
+
 def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
     """Rollout devices x minimising max(R / x, T / (n - x)): StreamRL's / the planner's static balance."""
     rollout_work = estimates.generate_group_s * batch_groups

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Chunk, Cluster
-from bidirl.sched.estimates import StepProgress
+from bidirl.sched.estimates import StepProgress, pulled_items
 from bidirl.sched.roles import DeviceState, Role
 
 
@@ -234,7 +234,7 @@ class Simulator:
         parts = cluster.batch_chunks(cluster.version)
         epoch = next(self.step_epochs)
         if self.pull_samples:
-            items = max(1, math.ceil(self.costs.trained_samples(parts) / self.pull_samples))
+            items = pulled_items(math.ceil(self.costs.trained_samples(parts)), self.pull_samples, len(action.devices))
             self.step = PulledStep(self.costs.train_work(parts) / items, items, len(action.devices), now, epoch)
             self.push(self.step.last_start, CloseTick(epoch))
         else:
