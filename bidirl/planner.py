@@ -108,19 +108,24 @@ def fits_memory(perf: Any, rollout_devices: int, devices: int, longest_sequence:
         return True  # a profiled device: its limits were measured, not modelled
     memory = perf.memory_bytes(longest_sequence)
     train = devices - rollout_devices
-    rollout_ok = memory["weights"] / instance_devices < (1 - KV_RESERVE) * memory["hbm"]
-    return rollout_ok and train > 0 and train_device_bytes(memory, train) < (1 - TRAIN_HEADROOM) * memory["hbm"]
+    return rollout_fits(memory, instance_devices) and train > 0 and train_fits(memory, train)
 
 
-def train_device_bytes(memory: Dict[str, float], train_devices: int) -> float:
-    return memory["train_state"] / train_devices + memory["activations"]
+def rollout_fits(memory: Dict[str, float], instance_devices: int) -> bool:
+    return memory["weights"] / instance_devices < (1 - KV_RESERVE) * memory["hbm"]
 
 
-def memory_advice(perf: Any, train_devices: int, longest_sequence: int) -> str:
+def train_fits(memory: Dict[str, float], train_devices: int) -> bool:
+    state_and_activations = memory["train_state"] / train_devices + memory["activations"]
+    return state_and_activations < (1 - TRAIN_HEADROOM) * memory["hbm"]
+
+
+def memory_advice(perf: Any, train_devices: int, longest_sequence: int, instance_devices: int = 1) -> str:
     """Why the best case does not fit, in numbers (for the one-line error)."""
     memory, gb = perf.memory_bytes(longest_sequence), 1e9
-    if memory["weights"] >= (1 - KV_RESERVE) * memory["hbm"]:
-        return f"its bf16 weights ({memory['weights'] / gb:.0f} GB) leave no KV cache in {memory['hbm'] / gb:.0f} GB"
+    if not rollout_fits(memory, instance_devices):
+        share = memory["weights"] / instance_devices
+        return f"its bf16 weights ({share / gb:.0f} GB per device) leave no KV cache in {memory['hbm'] / gb:.0f} GB"
     return (f"a train device needs {memory['train_state'] / train_devices / gb:.0f} GB of training state (sharded "
             f"over {train_devices}) + {memory['activations'] / gb:.0f} GB of activations, of "
             f"{memory['hbm'] / gb:.0f} GB")
@@ -177,25 +182,23 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     splits that fit memory (empty for a colocated policy). Run before any output exists."""
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
-    devices = cfg.cluster.devices
+    devices, k, perf = cfg.cluster.devices, cfg.cluster.instance_devices, perf_model(cfg)
     workload = sim_workload(cfg)
     longest = workload.prompt_tokens + workload.cap  # one sequence never splits over micro-batches
     if POLICIES[policy].synchronous:  # every device holds a rollout engine and a shard of the training state
-        if check_memory and not fits_memory(perf_model(cfg), 0, devices, longest):
+        if check_memory and not fits_memory(perf, 0, devices, longest):
             raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory colocated on "
-                              f"{devices} devices: {memory_advice(perf_model(cfg), devices, longest)}; use more "
+                              f"{devices} devices: {memory_advice(perf, devices, longest)}; use more "
                               "devices or a smaller model")
         return []
-    k = cfg.cluster.instance_devices
     if devices < 2 * k:
         raise BidirlError(f"policy '{policy}' needs a rollout and a train pool: cluster.devices={devices} is too few "
                           f"(use {2 * k} or more, or a colocated policy such as launch.mode=sync)")
-    perf = perf_model(cfg)
     legal = [x for x in range(k, devices, k) if not check_memory or fits_memory(perf, x, devices, longest, k)]
-    if not legal:
+    if not legal:  # the best case: one rollout instance, every other device training
         raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory on any partition of "
-                          f"{devices} devices: {memory_advice(perf, devices - 1, longest)}; use more devices or a "
-                          "smaller model")
+                          f"{devices} devices: {memory_advice(perf, devices - k, longest, k)}; use more devices or "
+                          "a smaller model")
     return legal
 
 
@@ -388,4 +391,4 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if k != cfg.cluster.instance_devices:
         raise BidirlError(f"{path}: planned for instances of {k} devices but the pipeline has "
                           f"cluster.instance_devices={cfg.cluster.instance_devices}; plan again with `bidirl plan`")
-    return Plan(**{n: data.get(n, 1) for n in names})
+    return Plan(**{n: data[n] for n in names if n != "instance_devices"}, instance_devices=k)

@@ -223,7 +223,7 @@ class Neighbour:
     live worker runs): ``decode`` generates the task's batches in a loop, ``train`` steps the trainer
     in a loop on one sampled batch. Used as a context: it is working between enter and exit."""
 
-    START_S = 600  # building the engines in a fresh process: well under a minute here
+    START_S = 600.0  # building the engines in a fresh process: well under a minute here
 
     def __init__(self, cfg: PipelineConfig, model_path: str, work: str, problems: list):
         context = multiprocessing.get_context("spawn")
@@ -233,10 +233,15 @@ class Neighbour:
 
     def __enter__(self) -> "Neighbour":
         self.process.start()
+        deadline = time.monotonic() + self.START_S
         while not self.ready.wait(1.0):
             if not self.process.is_alive():
                 raise BidirlError(f"the profile's neighbour process (the other stage on this host) exited with "
                                   f"code {self.process.exitcode} before it started working")
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise BidirlError(f"the profile's neighbour process (the other stage on this host) did not start "
+                                  f"working within {self.START_S:.0f} s")
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -47,6 +47,7 @@ class Batch:
     stats: Dict[str, Any]
     probe: Tuple[Sample, ...]  # a few samples the primary re-scores with the weights it trains
 
+
 class RolloutData:
     def __init__(self, cfg: PipelineConfig, prompt: PromptBuilder):
         self.cfg, self.prompt = cfg, prompt

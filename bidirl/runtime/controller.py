@@ -17,7 +17,7 @@
 
 The controller *waits for* replies only; it is *unblocked by* a worker finishing a command. Every
 scheduling decision comes from the policy (:mod:`bidirl.sched`) through the same Cluster bookkeeping
-the simulator uses; the RL data (prompts, groups, advantages, shares) comes from
+the simulator uses; the RL data (prompts, groups, advantages, micro-batches) comes from
 :mod:`bidirl.runtime.batches`; what is logged and plotted from :mod:`bidirl.runtime.reporting`.
 
 Interrupted generation: a load or a switch sent to a busy rollout device runs after its chunk in
@@ -97,7 +97,6 @@ class Controller:
         self.primary_done: Optional[msg.StepDone] = None
         self.step: Optional[StepInProgress] = None
         self.checksums: Dict[int, Tuple[float, float]] = {}  # home trainers' weights after the step in progress
-        self.batch_stats: Dict[str, Any] = {}
         self.sync_started = 0.0
         self.shared_states: List[msg.TrainStateShared] = []
 
@@ -196,7 +195,7 @@ class Controller:
         self.check_replicas_agree()
         primary, step = self.primary_done, self.step
         self.measured.step(step.work_s, primary.reduce_s)
-        stats = {**self.batch_stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4)}
+        stats = {**step.batch.stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4)}
         self.bar(**self.report.step_done(primary, stats, time.perf_counter() - step.started))
         self.step = None
         return ev.TrainDone(primary.version)
@@ -235,7 +234,6 @@ class Controller:
         batch = self.data.batch(k, self.cluster.batch_chunks(k), len(action.devices))
         self.step = StepInProgress(batch, self.report.wants_snapshot(k + 1), list(action.devices),
                                    time.perf_counter(), deque(batch.items))
-        self.batch_stats = batch.stats
         self.trained_lengths.trained(batch.stats["tokens"], batch.stats["samples"])
         for device in action.devices:
             self.pull(device)

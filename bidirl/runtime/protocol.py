@@ -180,14 +180,12 @@ class ChunkGenerated(Reply):
 @dataclass
 class GradsComputed(Reply):
     step: int
-    compute_s: float  # gradient work of the item (device-seconds)
-    samples: int
+    compute_s: float  # gradient work of the micro-batch (device-seconds)
 
 
 @dataclass
 class StepDone(Reply):
     version: Optional[int]  # the new version on a home trainer; None on a lent device (gradients only)
-    compute_s: float
     reduce_s: float
     stats: Dict[str, float] = field(default_factory=dict)
     # home trainers: (sum, sum of squares) of the weights after the step, in float64; optimizer

@@ -127,7 +127,7 @@ class Worker:
             step["samples"] += n
             for key, value in stats.items():  # loss and kl are parts of the batch's sum; the rest means
                 step["sums"][key] = step["sums"].get(key, 0.0) + (value if key in SUMMED else value * n)
-        return msg.GradsComputed(step=command.step, compute_s=compute_s, samples=n)
+        return msg.GradsComputed(step=command.step, compute_s=compute_s)
 
     def finish_step(self, command: msg.FinishStep) -> msg.StepDone:
         """The step's gradients summed over its devices; home trainers step, lent devices drop theirs."""
@@ -144,7 +144,7 @@ class Worker:
             reduce_s = time.perf_counter() - reduce_start
             if self.state.home is not Role.TRAIN:  # a lent rollout device: gradients given, no optimizer to step
                 self.train.zero_grads()
-                return msg.StepDone(version=None, compute_s=0.0, reduce_s=reduce_s)
+                return msg.StepDone(version=None, reduce_s=reduce_s)
             offset = 0
             for p in self.params:
                 p.grad = grads[offset : offset + p.numel()].view_as(p).clone()
@@ -153,7 +153,7 @@ class Worker:
             self.state.version = self.train.version
             if command.snapshot:
                 self.save_snapshot(self.train.version)
-        return msg.StepDone(version=self.train.version, compute_s=0.0, reduce_s=reduce_s, stats=stats,
+        return msg.StepDone(version=self.train.version, reduce_s=reduce_s, stats=stats,
                             checksum=self.weights_checksum())
 
     def publish(self, command: msg.PublishWeights) -> None:

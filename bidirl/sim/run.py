@@ -122,7 +122,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     ``driver``: the capabilities to simulate (default: the simulated cluster's -- mid-step joins,
     interruptible generation, continuous batching of a KV cache's worth of groups). Pass the live
     runtime's (:data:`~bidirl.sched.assembly.LIVE`) to predict a ``bidirl launch`` run: one chunk in
-    flight per device, no mid-step join, loads at the chunk's end. ``rollout_devices`` counts devices
+    flight per device, loads at the chunk's end, mid-step joins in whole micro-batches. ``rollout_devices`` counts devices
     (a multiple of ``cluster.instance_devices``), and so does the result."""
     start = time.perf_counter()
     k = cfg.cluster.instance_devices

@@ -123,7 +123,7 @@ class PulledStep:
         return max(start for start, _ in self.starts)
 
     def finish(self, communication_s: float = 0.0) -> float:
-        return max(start for start, _ in self.starts) + self.item_s + communication_s
+        return self.last_start + self.item_s + communication_s
 
     def join(self, now: float, epoch: int = 0) -> None:
         kept = [(start, slot) for start, slot in self.starts if start < now]  # started: they run to the end
