@@ -242,3 +242,36 @@ def test_the_scheduling_core_never_imports_torch():
     code = ("import sys, bidirl.sched.policies, bidirl.sched.trace, bidirl.sim.simulator; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_streamed_step_starts_on_the_groups_done_takes_the_rest_as_they_finish_and_steps_once_all_are_in():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0, steps=2, chunk_groups=4, inflight_groups=8,
+                      streams=True)
+    cluster.apply(ev.Generate(0, 4))
+    cluster.apply(ev.Generate(0, 4))
+    cluster.complete(ev.ChunkDone(0, 0, groups=3))
+    assert not cluster.batch_ready() and cluster.stream_ready()
+    cluster.apply(ev.Train((1,)))
+    assert cluster.streaming == 5 and cluster.accepting_joins
+    cluster.close_step()  # every micro-batch handed out so far -- but more groups are coming
+    assert cluster.accepting_joins
+    with pytest.raises(AssertionError, match="still generating"):
+        cluster.complete(ev.TrainDone(1))
+    cluster.complete(ev.ChunkDone(0, 0))  # the last group of chunk 0 goes straight into the step
+    cluster.complete(ev.ChunkDone(0, 1))
+    assert cluster.streaming == 0 and [(c.index, n) for c, n in cluster.batch_chunks(0)] == [(0, 3), (0, 1), (1, 4)]
+    cluster.complete(ev.TrainDone(1))
+    assert cluster.trained_groups == 8 and cluster.staleness == {0: 8}
+
+
+def test_streaming_needs_a_batch_known_before_it_is_done():
+    with pytest.raises(ValueError, match="staleness=0"):
+        Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=1, steps=2, chunk_groups=4, streams=True)
+    from bidirl.sched.assembly import LIVE, RunShape, assemble
+    from bidirl.sched.estimates import Estimates
+
+    def streams(policy, eta):
+        return assemble(policy, RunShape(2, 1, 8, 2, 4, eta), LIVE, Estimates(1.0, 1.0, 0.1)).cluster.streams
+
+    assert streams("bidirl", 0) and not streams("bidirl", 1)
+    assert not streams("async", 0) and not streams("bidirl-nostream", 0)  # baselines wait for the whole batch

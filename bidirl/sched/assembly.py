@@ -10,6 +10,9 @@ the rules are written once:
 * streamed updates (``updates_per_sync`` = u > 1, veRL fully-async): only for count-only policies, only
   on drivers that can carry them out, and u must divide the batch -- the cluster then counts u
   updates of B/u groups per published version;
+* streamed gradient work (a step starting on the part of its batch already done): only for policies
+  that stream (``Policy.streams_gradients``), on drivers that can, at eta = 0, where a batch's groups
+  are known before they are done;
 * what the driver can do (:class:`DriverCapabilities`) goes into the bookkeeping, so policies ask the
   cluster instead of knowing which driver runs them.
 
@@ -53,6 +56,8 @@ class DriverCapabilities:
     # a step's devices pull its work in micro-batches (train.micro_batch_size samples) rather than
     # dividing it continuously: a device that joins mid-step takes only micro-batches nobody started
     pulls_micro_batches: bool = False
+    # a train step may start on the groups of its batch already done and take the rest as they finish
+    streams_gradients: bool = True
 
 
 LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True,
@@ -90,5 +95,6 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
         raise ValueError(f"algorithm.updates_per_sync={u} must divide train.prompts_per_step={shape.batch_groups}")
     cluster = Cluster(homes, shape.batch_groups // u, eta, shape.steps * u, shape.chunk_groups,
                       inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
-                      deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join)
+                      deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join,
+                      streams=policy.streams_gradients and driver.streams_gradients and eta == 0 and policy.deadlines)
     return Assembly(policy, cluster)

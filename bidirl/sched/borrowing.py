@@ -18,7 +18,10 @@ what an idle device may do:
                     and their samples are fresh). Trainer-on-RollPool: a rollout device idle because
                     admission blocks it joins the train step when the time saved, T/n - T/(n+k) for the
                     k blocked devices together (they switch in parallel), beats two switches plus the
-                    gradient transfer; the primary stays the only optimizer.
+                    gradient transfer; the primary stays the only optimizer. At eta 0 a step streams:
+                    it starts on the groups of its batch already done while the rest generate, and
+                    rollout devices that have finished their share join it (``bidirl-nostream``
+                    waits for the whole batch, for the ablation).
 
 Cost/benefit uses :class:`~bidirl.sched.estimates.Estimates` from the policy's provider: the
 performance model (simulator) or measurements of the run itself (live).
@@ -103,12 +106,14 @@ class BidirlPolicy(VerlDynamicPolicy):
     The policy keeps its own estimate of the step's work left (from ``Estimates``), never a clock."""
 
     name = "bidirl"
+    streams_gradients = True  # at eta 0 a step starts on the groups already done
     rollout_on_train = True  # idle trainers generate (Rollout-on-TrainPool)
     train_on_rollout = True  # blocked rollout devices compute gradients (Trainer-on-RollPool)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.step = StepProgress(0.0, 1, 0.0)  # estimate of the step in progress
+        self.stream_left = 0  # groups of a streamed step in progress still generating, as last seen
 
     def default_rollout_devices(self, devices: int) -> int:
         if not self.estimates.measured:  # a live run measures as it goes: start from half
@@ -116,6 +121,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         return balanced_split(devices, self.estimates, self.batch_groups)  # the planner's job; balanced for now
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        self.follow_stream(cluster)
         self.end_trainer_leases(cluster, actions)
         if self.rollout_on_train:
             self.lend_idle_trainers(cluster, actions)
@@ -134,8 +140,17 @@ class BidirlPolicy(VerlDynamicPolicy):
             return []  # a driver that cannot add devices to a running step: wait for the borrowed devices
         borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
         devices = home + borrowed
-        self.step = StepProgress(self.estimates.train_batch_s, len(devices), cluster.now)
+        done = min(cluster.B, cluster.completed_groups)  # all of the batch, or (streamed) what is done of it
+        self.step = StepProgress(self.estimates.train_batch_s * done / cluster.B, len(devices), cluster.now)
+        self.stream_left = cluster.B - done
         return devices
+
+    def follow_stream(self, cluster: Cluster) -> None:
+        """A streamed step's estimate gets the work of the groups that finished since (T/B each)."""
+        if cluster.training is not None and cluster.streaming < self.stream_left:
+            arrived = self.stream_left - cluster.streaming
+            self.step.add(cluster.now, self.estimates.train_batch_s * arrived / cluster.B)
+            self.stream_left = cluster.streaming
 
     def trainers(self, cluster: Cluster) -> int:
         """Devices sharing the step in progress, or the home trainers that will start the next one."""
@@ -167,13 +182,18 @@ class BidirlPolicy(VerlDynamicPolicy):
                     and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
                 issue(cluster, actions, ev.Join(d.index))
                 self.step.join(cluster.now)
-            elif cluster.training is not None or not cluster.batch_ready() or d.version != cluster.version:
+            elif cluster.training is not None or not self.step_can_start(cluster) or d.version != cluster.version:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "lease ends"))
+
+    @staticmethod
+    def step_can_start(cluster: Cluster) -> bool:
+        """The next step may start now: its batch is ready, or (streamed, eta 0) part of it is done."""
+        return cluster.training is None and (cluster.batch_ready() or cluster.stream_ready())
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
         join it) or its batch is ready."""
-        if not (cluster.accepting_joins or (cluster.training is None and cluster.batch_ready())):
+        if not (cluster.accepting_joins or self.step_can_start(cluster)):
             return
         blocked = [d for d in cluster.idle(Role.ROLLOUT)
                    if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version
@@ -194,3 +214,7 @@ class BidirlRolloutOnTrainOnly(BidirlPolicy):
 
 class BidirlTrainOnRolloutOnly(BidirlPolicy):
     name, rollout_on_train, train_on_rollout = "bidirl-tor", False, True
+
+
+class BidirlNoStreaming(BidirlPolicy):  # both directions, every step waits for its whole batch
+    name, streams_gradients = "bidirl-nostream", False

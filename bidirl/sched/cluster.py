@@ -34,7 +34,10 @@ Invariants (asserted here and by tests):
     before version v + 1 exists (always); every admitted group is trained exactly once;
   * only the train pool creates versions (home trainers step identical optimizer replicas; a lent
     rollout device only contributes gradients); no device computes gradients on stale weights;
-  * one train step at a time, and a batch is trained only when all its groups are done;
+  * one train step at a time, and a batch's optimizer step comes only when all its B groups are done;
+  * a streamed step (``streams``, eta = 0 only) starts on the groups of its batch already done and takes
+    the rest as they finish: at eta 0 batch k is exactly the B groups generated at version k, so its
+    membership is fixed before it is complete, and every group is trained on-policy as before;
   * re-partitioning (``Rehome``) moves only idle, unlent devices other than the primary, only between
     steps; a device joining the train pool this way holds the primary's version when it arrives.
 """
@@ -89,7 +92,8 @@ def check_staleness(eta: float, deadlines: bool) -> None:
 class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: float, steps: int, chunk_groups: int,
                  primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
-                 deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True):
+                 deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True,
+                 streams: bool = False):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
         check_staleness(eta, deadlines)
@@ -110,6 +114,12 @@ class Cluster:
         self.allows_join = allows_join
         self.accepting_joins = False
         self.deadlines = deadlines
+        if streams and not (eta == 0 and deadlines):
+            raise ValueError("streamed gradient work needs a batch whose groups are known before they are done: "
+                             f"algorithm.staleness=0 with per-group deadlines, got {eta}")
+        # may a train step start on part of its batch and take the rest as it finishes (``stream_ready``)?
+        self.streams = streams
+        self.streaming = 0  # groups of the step in progress still generating (a streamed step)
         self.version = 0  # newest version, held by the primary trainer
         self.published = 0  # newest version staged on every device
         self.syncing: Optional[int] = None  # version being transferred
@@ -198,8 +208,16 @@ class Cluster:
         return chunk
 
     def close_step(self) -> None:
-        """The driver has handed out all the work of the step in progress: no device may join it now."""
-        self.accepting_joins = False
+        """The driver has handed out all the work of the step in progress: no device may join it now.
+        (Not while a streamed step's groups are still generating: their work is still to come.)"""
+        if not self.streaming:
+            self.accepting_joins = False
+
+    def stream_ready(self) -> bool:
+        """A streamed step may start: nothing trains, and some groups of the next batch (at eta 0:
+        those of the newest version) are done, though not all of them (that is ``batch_ready``)."""
+        return (self.streams and self.training is None and self.version < self.steps
+                and self.completed_by_version.get(self.version, 0) > 0 and not self.batch_ready())
 
     def batch_chunks(self, k: int) -> List[Tuple[Chunk, int]]:
         """The chunks batch ``k`` took groups from, with how many groups each."""
@@ -267,17 +285,21 @@ class Cluster:
                               self._log)
 
     def _start_train(self, action: ev.Train) -> None:
-        assert self.batch_ready(), "a batch is trained only when B groups are done and none is overdue"
+        streamed = not self.batch_ready()
+        assert not streamed or self.stream_ready(), \
+            "a batch is trained only when B groups are done and none is overdue (or streamed, at eta 0)"
         assert self.primary in action.devices, "the primary trainer always takes part: it owns the optimizer"
         self.training = action
         self.training_devices = list(action.devices)
         self.accepting_joins = self.allows_join
         parts = self._compose_batch(self.version)
+        self.streaming = self.B - sum(groups for _, groups in parts)
         low, high = min(self.chunks[c].version for c, _ in parts), max(self.chunks[c].version for c, _ in parts)
+        done = f", streamed: {self.B - self.streaming}/{self.B} groups done" if streamed else ""
         for index in action.devices:
             device = self.devices[index]
             assert device.version == self.version, f"device {index} would compute gradients on stale weights"
-            device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high})", self._log)
+            device.transition(S.TRAINING, self.now, f"batch {self.version} (versions {low}-{high}{done})", self._log)
 
     def _join_train(self, action: ev.Join) -> None:
         device = self.devices[action.device]
@@ -290,11 +312,12 @@ class Cluster:
         device.transition(S.TRAINING, self.now, f"joins batch {self.version}", self._log)
 
     def _compose_batch(self, k: int) -> List[Tuple[int, int]]:
-        """Takes B completed groups: oldest version first (all overdue ones are among them) with
-        deadlines, else in the order they finished (streaming)."""
+        """Takes B completed groups (fewer for a streamed step: all there are): oldest version first
+        (all overdue ones are among them) with deadlines, else in the order they finished."""
         if self.deadlines:
             self.completed.sort(key=lambda entry: (entry[2], entry[0]))
-        parts, need = [], self.B
+        parts, need = [], min(self.B, self.completed_groups)
+        taken = need
         while need:
             entry = self.completed[0]
             take = min(need, entry[1])
@@ -307,7 +330,7 @@ class Cluster:
             if entry[1] == 0:
                 self.completed.pop(0)
         self.batch_parts[k] = parts
-        self.completed_groups -= self.B
+        self.completed_groups -= taken
         return parts
 
     def _start_sync(self, action: ev.Sync) -> None:
@@ -372,9 +395,14 @@ class Cluster:
         assert 0 < groups <= chunk.groups - chunk.finished, f"chunk {chunk.index}: {groups} more groups done?"
         chunk.finished += groups
         chunk.done = chunk.finished == chunk.groups
-        self.completed.append([chunk.index, groups, chunk.version])
-        self.completed_groups += groups
-        self.completed_by_version[chunk.version] += groups
+        if self.streaming and chunk.version == self.version:  # straight into the streamed step (eta 0)
+            assert groups <= self.streaming, f"chunk {chunk.index}: more groups than batch {self.version} has"
+            self.batch_parts[self.version].append((chunk.index, groups))
+            self.streaming -= groups
+        else:
+            self.completed.append([chunk.index, groups, chunk.version])
+            self.completed_groups += groups
+            self.completed_by_version[chunk.version] += groups
         self.inflight[event.device] -= groups
         by_version = self.inflight_by_version[event.device]
         by_version[chunk.version] -= groups
@@ -410,6 +438,7 @@ class Cluster:
     def _finish_train(self, event: ev.TrainDone) -> None:
         k = self.version
         assert event.version == k + 1, "versions advance by one per optimizer step"
+        assert not self.streaming, f"batch {k} has {self.streaming} groups still generating: no optimizer step yet"
         for chunk, groups in self.batch_chunks(k):
             assert 0 <= k - chunk.version and (k - chunk.version <= self.eta or not self.deadlines), \
                 f"staleness {k - chunk.version} exceeds eta={self.eta}"

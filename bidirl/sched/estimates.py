@@ -104,6 +104,7 @@ class StepProgress:
     devices: int
     since: float
     epoch: int = 0  # the simulator's: unique across steps, so a superseded finish never matches
+    waited: float = 0.0  # device-seconds a streamed step's devices had nothing to compute
 
     def seconds_left(self, now: float) -> float:
         return max(0.0, self.work_left - self.devices * (now - self.since)) / self.devices
@@ -114,3 +115,9 @@ class StepProgress:
     def join(self, now: float, epoch: int = 0) -> None:
         self.work_left = self.seconds_left(now) * self.devices
         self.devices, self.since, self.epoch = self.devices + 1, now, epoch
+
+    def add(self, now: float, work: float, epoch: int = 0) -> None:
+        """``work`` more device-seconds arrived at ``now`` (a streamed step's groups as they finish)."""
+        self.waited += max(0.0, self.devices * (now - self.since) - self.work_left)  # out of work until now
+        self.work_left = self.seconds_left(now) * self.devices + work
+        self.since, self.epoch = now, epoch

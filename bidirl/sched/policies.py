@@ -147,7 +147,7 @@ class AsyncPolicy(Policy):
             publish_and_load(cluster, actions, event)
         self.replan(event, cluster, actions)
         self.before_training(cluster, actions)
-        if cluster.batch_ready():
+        if cluster.batch_ready() or cluster.stream_ready():  # (streamed: only where the cluster streams)
             trainers = self.step_devices(cluster)
             if trainers:
                 issue(cluster, actions, ev.Train(tuple(d.index for d in trainers)))

@@ -155,10 +155,15 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     samples = cluster.trained_groups * G
     bound = bound_step(cfg, perf, shape.staleness) if with_bound else 0.0
     homes_map = {d.index: d.home.value for d in cluster.devices}
+    idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
+    if simulator.stream_wait_s:  # a streamed step's devices waiting for its groups train nothing: a tail wait
+        share = simulator.stream_wait_s / (makespan * (devices - run.rollout_devices))
+        idle["train"] = round(idle["train"] + share, 4)
+        breakdown["train"]["busy"] = round(breakdown["train"]["busy"] - share, 4)
+        breakdown["train"]["tail"] = round(breakdown["train"]["tail"] + share, 4)
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
-                     pool_idle_ratio(cluster.trace, makespan, homes_map),
-                     time_breakdown(cluster.trace, makespan, homes_map), dict(cluster.staleness),
+                     idle, breakdown, dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
                      cluster if keep_trace else None, steady_step_s(cluster.version_times))
 

@@ -18,6 +18,10 @@ adds its gradient return, and the step's finish is re-timed. With ``pull_samples
 runtime's micro-batch) the work comes in equal micro-batches that the step's devices pull one at a
 time (:class:`PulledStep`): a joiner takes only micro-batches nobody has started, and once the last
 one has started the step accepts no joiners (``Cluster.close_step``), as in the live controller.
+A streamed step (eta 0, ``Cluster.streams``) starts on the groups of its batch already done; each
+group that finishes later adds its work (queued behind the rest), and the step is timed to its end
+only once every group is in -- until then its devices may run out of work and wait (``waited``,
+reported as the train pool's tail idle time).
 
 Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
 with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
@@ -101,38 +105,53 @@ class StepTick:
 
 
 class PulledStep:
-    """A train step of ``items`` equal micro-batches of ``item_s`` seconds each, pulled one at a time by
-    the step's devices (earliest free first); a device that joins at ``now`` takes micro-batches nobody
-    has started. The same interface as :class:`~bidirl.sched.estimates.StepProgress` for the driver."""
+    """A train step whose work comes as micro-batches, pulled one at a time in order by the step's
+    devices (the earliest free first); a device that joins at ``now`` takes micro-batches nobody has
+    started, and micro-batches ``add``-ed later (a streamed step's groups as they finish) queue behind
+    the rest. The same interface as :class:`~bidirl.sched.estimates.StepProgress` for the driver."""
 
     def __init__(self, item_s: float, items: int, devices: int, now: float, epoch: int = 0):
-        self.item_s, self.items, self.devices, self.epoch = item_s, items, devices, epoch
-        self.starts: List[Tuple[float, int]] = []  # (start, device slot) per micro-batch
-        self._assign([now] * devices, 0)
+        self.devices, self.epoch = devices, epoch
+        self.starts: List[Tuple[float, int, float]] = []  # (start, device slot, seconds) per micro-batch
+        self.joined = [now] * devices  # when each device slot joined the step
+        self.waited = 0.0  # device-seconds a streamed step's devices had nothing to compute
+        self._assign([now] * devices, [item_s] * items, now)
 
-    def _assign(self, free: List[float], kept: int) -> None:
-        heap = [(t, slot) for slot, t in enumerate(free)]
+    def _assign(self, free: List[float], items: List[float], now: float) -> None:
+        heap = [(max(t, now), slot) for slot, t in enumerate(free)]
         heapq.heapify(heap)
-        for _ in range(self.items - kept):
+        for seconds in items:
             t, slot = heapq.heappop(heap)
-            self.starts.append((t, slot))
-            heapq.heappush(heap, (t + self.item_s, slot))
+            self.starts.append((t, slot, seconds))
+            heapq.heappush(heap, (t + seconds, slot))
+
+    def _free(self, starts) -> List[float]:
+        free = list(self.joined)
+        for start, slot, seconds in starts:
+            free[slot] = max(free[slot], start + seconds)
+        return free
 
     @property
     def last_start(self) -> float:
-        return max(start for start, _ in self.starts)
+        return max((start for start, _, _ in self.starts), default=0.0)
 
     def finish(self, communication_s: float = 0.0) -> float:
-        return self.last_start + self.item_s + communication_s
+        return max((start + seconds for start, _, seconds in self.starts), default=0.0) + communication_s
 
     def join(self, now: float, epoch: int = 0) -> None:
-        kept = [(start, slot) for start, slot in self.starts if start < now]  # started: they run to the end
+        kept = [item for item in self.starts if item[0] < now]  # started: they run to the end
+        waiting = [seconds for start, _, seconds in self.starts if start >= now]
         self.devices += 1
-        free = [now] * self.devices  # the joiner is free now, and so is any device between micro-batches
-        for start, slot in kept:
-            free[slot] = max(free[slot], start + self.item_s)
+        self.joined.append(now)
         self.starts, self.epoch = kept, epoch
-        self._assign(free, len(kept))
+        self._assign(self._free(kept), waiting, now)  # the joiner is free now
+
+    def add(self, now: float, items: List[float], epoch: int = 0) -> None:
+        """Micro-batches that arrived at ``now``, queued behind every one already there."""
+        self.epoch = epoch
+        free = self._free(self.starts)
+        self.waited += sum(max(0.0, now - t) for t in free)  # out of work until now
+        self._assign(free, items, now)
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,8 @@ class Simulator:
         self.trace_seen = 0
         self.dirty: set = set()
         self.step: Any = None  # StepProgress, or PulledStep when devices pull micro-batches
+        self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for their groups
+        self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
 
     def push(self, time: float, event: Any) -> None:
@@ -188,6 +209,7 @@ class Simulator:
                     self.cluster.close_step()
             elif isinstance(event, StepTick):
                 if self.step is not None and event.epoch == self.step.epoch:
+                    self.stream_wait_s += self.step.waited
                     self.step = None
                     self.beside_training(now, ())
                     self.handle(ev.TrainDone(self.cluster.version + 1), now)
@@ -213,6 +235,8 @@ class Simulator:
         elif isinstance(event, ev.LoadDone):
             self.scheduled.discard((event.device, DeviceState.SYNCING))
         self.cluster.complete(event)
+        if isinstance(event, ev.ChunkDone) and self.cluster.training is not None:
+            self.feed_stream(now)
         for action in self.policy.decide(event, self.cluster):
             self.start(action, now)
         self.start_transitions(now)
@@ -232,21 +256,49 @@ class Simulator:
     def _train(self, action: ev.Train, now: float) -> None:  # apply() composed the batch already
         cluster = self.cluster
         parts = cluster.batch_chunks(cluster.version)
+        self.fed = len(parts)
         epoch = next(self.step_epochs)
         if self.pull_samples:
-            items = pulled_items(math.ceil(self.costs.trained_samples(parts)), self.pull_samples, len(action.devices))
-            self.step = PulledStep(self.costs.train_work(parts) / items, items, len(action.devices), now, epoch)
-            self.push(self.step.last_start, CloseTick(epoch))
+            self.step = PulledStep(0.0, 0, len(action.devices), now, epoch)
+            self.step.add(now, self.micro_batches(parts, len(action.devices), whole=not cluster.streaming), epoch)
         else:
             self.step = StepProgress(self.costs.train_work(parts), len(action.devices), now, epoch)
-        self.push(self.step.finish(self.step_communication(action.devices)), StepTick(self.step.epoch))
+        self.retime_step()
         self.beside_training(now, action.devices)
+
+    def micro_batches(self, parts, devices: int, whole: bool) -> List[float]:
+        """Seconds of each micro-batch the groups of ``parts`` are cut into (as the live runtime cuts
+        them: ``pulled_items`` for a whole batch; what arrived, in micro-batches, for a streamed step)."""
+        samples = math.ceil(self.costs.trained_samples(parts))
+        work = self.costs.train_work(parts)
+        items = pulled_items(samples, self.pull_samples, devices) if whole else max(1, -(-samples // self.pull_samples))
+        return [work / items] * items
+
+    def feed_stream(self, now: float) -> None:
+        """Groups that finished into the streamed step in progress become gradient work."""
+        parts = self.cluster.batch_chunks(self.cluster.version)[self.fed:]
+        if self.step is None or not parts:
+            return
+        self.fed += len(parts)
+        epoch = next(self.step_epochs)
+        if self.pull_samples:
+            self.step.add(now, self.micro_batches(parts, 0, whole=False), epoch)
+        else:
+            self.step.add(now, self.costs.train_work(parts), epoch)
+        self.retime_step()
+
+    def retime_step(self) -> None:
+        """(Re-)schedule the step's close (the last micro-batch has started) and its finish -- only once
+        every group of its batch is in: a streamed step's devices wait for the groups still generating."""
+        if self.cluster.streaming:
+            return
+        if self.pull_samples:
+            self.push(self.step.last_start, CloseTick(self.step.epoch))
+        self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
         self.step.join(now, next(self.step_epochs))
-        self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
-        if self.pull_samples:
-            self.push(self.step.last_start, CloseTick(self.step.epoch))
+        self.retime_step()
         self.beside_training(now, self.cluster.training_devices)
 
     def beside_training(self, now: float, training) -> None:
