@@ -13,6 +13,7 @@ policies (``launch.mode``, ``sim.policies``: :mod:`bidirl.sched.policy`), engine
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from bidirl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from bidirl.errors import ConfigError
 from bidirl.perf.analytic import HARDWARE, MODELS
 from bidirl.perf.workload import PRESETS as WORKLOADS
-from bidirl.sched.assembly import RunShape
+from bidirl.sched.assembly import LIVE, DriverCapabilities, RunShape
 from bidirl.sched.policy import policy_names
 
 STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
@@ -194,6 +195,13 @@ class PipelineConfig:
                         batch_groups=self.train.prompts_per_step, steps=self.train.steps,
                         chunk_groups=self.launch.chunk_groups, staleness=float(self.algorithm.staleness),
                         updates_per_sync=self.algorithm.updates_per_sync)
+
+    def live_driver(self) -> DriverCapabilities:
+        """What the live runtime can do with this config. A streamed step computes its micro-batches as
+        unnormalised sums and scales the gradient once its batch is complete, which needs the loss to
+        have one normaliser: token_mean (loss and KL per token), or seq_mean without a KL term."""
+        one_normaliser = self.algorithm.loss_aggregation == "token_mean" or self.algorithm.kl_coef == 0
+        return LIVE if one_normaliser else dataclasses.replace(LIVE, streams_gradients=False)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:

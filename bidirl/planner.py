@@ -46,7 +46,7 @@ from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.workload import Workload
-from bidirl.sched.assembly import LIVE, DriverCapabilities
+from bidirl.sched.assembly import DriverCapabilities
 from bidirl.sched.estimates import Estimates, balanced_split
 from bidirl.sched.policy import POLICIES
 from bidirl.sim.run import model_estimates, perf_model, sim_workload, simulate
@@ -136,7 +136,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
          driver: Optional[DriverCapabilities] = None) -> Plan:
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
-    the simulated cluster's; :data:`~bidirl.sched.assembly.LIVE` for a ``bidirl launch`` run);
+    the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run);
     impossible settings are BidirlError."""
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
@@ -315,7 +315,7 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
             "pass sim.profile=.../profile.json to let the planner choose)")
         return []
     try:
-        chosen = plan(cfg, driver=LIVE).rollout_devices  # scored as the live runtime will run it
+        chosen = plan(cfg, driver=cfg.live_driver()).rollout_devices  # scored as the live runtime will run it
     except (ValueError, RuntimeError) as exc:  # an impossible setting: one line, before any process starts
         raise BidirlError(f"plan: {exc}") from None
     say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "

@@ -12,9 +12,8 @@ import sys
 
 def choose_for(cfg):
     from bidirl.planner import replanner
-    from bidirl.sched.assembly import LIVE
 
-    return replanner(cfg, driver=LIVE)  # candidates simulated as this runtime runs them
+    return replanner(cfg, driver=cfg.live_driver())  # candidates simulated as this runtime runs them
 
 
 if __name__ == "__main__":

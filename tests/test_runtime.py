@@ -143,7 +143,9 @@ def test_fully_async_streams_with_a_fractional_staleness_bound_in_the_live_runti
 
 
 def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tmp_path):
-    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl", "algorithm.staleness=0",
+    # (without streamed steps: a step that waits for its whole batch leaves the blocked rollout device
+    # a step to join, every time)
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl-nostream", "algorithm.staleness=0",
                           "train.prompts_per_step=32", "train.steps=6", "train.micro_batch_size=8")
     summary = json.loads((root / "summary.json").read_text())
     trace = read_jsonl(root / "trace.jsonl")
@@ -160,6 +162,20 @@ def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tm
     assert summary["staleness_histogram"] == {"0": 6 * 32} and trace[-1]["role"] == trace[-1]["home"]
     steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
     assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # lent devices generated with the newest weights
+
+
+def test_live_steps_stream_at_eta_0_start_on_the_groups_done_and_step_once_all_are_in(tmp_path):
+    # bidirl-tor keeps the trainer home, so every step has groups still generating when it starts
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl-tor", "algorithm.staleness=0",
+                          "train.micro_batch_size=8")
+    summary = json.loads((root / "summary.json").read_text())
+    trace = read_jsonl(root / "trace.jsonl")
+    starts = [r["reason"] for r in trace if r["to"] == "training" and r["home"] == "train" and r["from"] == "idle"]
+    assert starts == [f"batch {k} (versions {k}-{k}, streamed: 4/8 groups done)" for k in range(4)]
+    steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["samples_consumed"] for r in steps] == [8 * 4 * k for k in (1, 2, 3, 4)]  # every group, once
+    assert summary["final_version"] == 4 and summary["staleness_histogram"] == {"0": 4 * 8}
+    assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # on-policy: trained from the weights that generated
 
 
 def test_bidirl_started_from_a_profile_lends_before_it_has_measured_anything(tmp_path):
@@ -252,3 +268,70 @@ def test_live_summary_accounts_device_time_by_cause_in_the_simulators_categories
         assert set(parts) == set(CATEGORIES) and sum(parts.values()) == pytest.approx(1.0, abs=1e-3)
     trace = read_jsonl(async_run / "trace.jsonl")
     assert all("cause" in r for r in trace if r["to"] == "idle")
+
+
+def one_worker(tmp_path: Path, name: str, cfg, model: str):
+    """A worker of one device in this process (as ``bidirl run`` trains), commands served on demand."""
+    from bidirl.runtime import protocol as msg
+    from bidirl.runtime.local import LocalMailbox
+    from bidirl.runtime.worker import Worker
+    from bidirl.sched.roles import Role
+
+    mailbox = LocalMailbox()
+    mailbox.publish("plan", msg.Plan(0, (Role.TRAIN,), str(tmp_path / name)))
+    mailbox.worker = Worker(cfg, mailbox, 0, 1, model)
+    return mailbox.worker
+
+
+def test_a_streamed_step_updates_the_weights_exactly_as_the_whole_batch_step_does(tmp_path):
+    import torch
+
+    from bidirl.runtime import protocol as msg
+    from bidirl.runtime.batches import RolloutData
+    from bidirl.samples import SamplingParams
+    from bidirl.sched.cluster import Chunk
+    from tests.builders import small_config, small_model_dir
+
+    cfg = small_config("rollout.group_size=4", "train.micro_batch_size=5", "train.lr=1e-2", "algorithm.kl_coef=0.05")
+    model = small_model_dir(tmp_path / "model")
+    whole, streamed = one_worker(tmp_path, "whole", cfg, model), one_worker(tmp_path, "streamed", cfg, model)
+    before = [p.detach().clone() for p in whole.params]
+    grads = {}
+    for name, worker in (("whole", whole), ("streamed", streamed)):  # the gradient the optimizer is given
+        def seen(worker=worker, name=name, apply=worker.train.apply_grads):
+            grads[name] = torch.cat([p.grad.reshape(-1) for p in worker.params]).clone()
+            return apply()
+        worker.train.apply_grads = seen
+    samples = whole.rollout.generate(("1+1=", "2+3=", "4+4=", "5+1="), SamplingParams(n=4, max_new_tokens=6))
+    for i, sample in enumerate(samples):
+        sample.reward = float((i * 7) % 3 == 0)  # rewards that differ within each group: every group teaches
+    chunks = [Chunk(0, 0, 0, 2, 0), Chunk(1, 0, 2, 2, 0)]
+
+    def data():
+        rollout = RolloutData(cfg, prompt=None)  # (no problems are drawn: the groups are given)
+        by_group = [[s for s in samples if s.prompt_index == g] for g in range(4)]
+        rollout.groups, rollout.seconds = {0: by_group[:2], 1: by_group[2:]}, {0: 1.0, 1: 1.0}
+        return rollout
+
+    batch = data().batch(0, [(chunks[0], 2), (chunks[1], 2)])
+    for item in batch.items:
+        whole.serve_one(item)
+    whole.serve_one(msg.FinishStep(step=0, members=(0,), grad_scale=batch.grad_scale))
+
+    stream = data().stream(0)  # the second chunk's groups arrive after the step has started
+    items = stream.add([(chunks[0], 2)]) + stream.add([(chunks[1], 2)])
+    sizes = lambda parts: [len(item.samples) for item in parts]
+    assert all(item.total_tokens == 1 for item in items) and sizes(items) != sizes(batch.items)  # cut differently
+    closed = stream.close()
+    for item in items:
+        streamed.serve_one(item)
+    streamed.serve_one(msg.FinishStep(step=0, members=(0,), grad_scale=closed.grad_scale))
+
+    assert closed.stats == batch.stats and closed.grad_scale != 1.0
+    assert whole.train.version == streamed.train.version == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, whole.params))  # the step moved the weights
+    # the summed gradients agree to fp32 rounding; Adam's first step is nearly sign(g) * lr, so a
+    # coordinate whose gradient is rounding noise may move differently: weights agree to 1% of the step
+    assert torch.allclose(grads["whole"], grads["streamed"], rtol=1e-5, atol=1e-6 * grads["whole"].abs().max())
+    step_lr = cfg.train.lr / cfg.train.lr_warmup_steps
+    assert max((a - b).abs().max().item() for a, b in zip(whole.params, streamed.params)) < 0.01 * step_lr

@@ -16,12 +16,17 @@
                     scales its gradient by the whole batch's token count, so the parts add up to the
                     batch gradient, and the primary trainer applies one optimizer step -> version k + 1
 
+A streamed step (eta 0) starts on the groups of its batch already done: :class:`StreamedBatch` turns
+each later arrival into micro-batches at once (unnormalised sums), and the step's normaliser comes when
+the last group is in.
+
 Steps 1-3 run while earlier batches train; the scheduler decides when and where each happens. This
 module decides nothing about scheduling: it turns chunks into prompts and batches into train steps.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -46,16 +51,20 @@ class Batch:
     items: List[msg.ComputeGrads]
     stats: Dict[str, Any]
     probe: Tuple[Sample, ...]  # a few samples the primary re-scores with the weights it trains
+    grad_scale: float = 1.0  # a streamed batch's normaliser, applied once its gradients are summed
 
 
 class RolloutData:
     def __init__(self, cfg: PipelineConfig, prompt: PromptBuilder):
         self.cfg, self.prompt = cfg, prompt
-        self.sampler = PromptSampler(load_problems(cfg.data, "train"), cfg.seed)
         self.params = SamplingParams(n=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
                                      temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         self.groups: Dict[int, List[List[Sample]]] = {}  # chunk -> its prompt groups not yet trained
         self.seconds: Dict[int, float] = {}  # chunk -> seconds its device spent generating it
+
+    @functools.cached_property
+    def sampler(self) -> PromptSampler:  # loaded at the first request (reading the problems takes a while)
+        return PromptSampler(load_problems(self.cfg.data, "train"), self.cfg.seed)
 
     # 1. prompts
     def request(self, chunk: Chunk) -> msg.GenerateChunk:
@@ -75,6 +84,23 @@ class RolloutData:
 
     # 4-6. a batch the scheduler composed -> its queue of micro-batches
     def batch(self, k: int, parts: Sequence[Tuple[Chunk, int]], devices: int = 1) -> Batch:
+        samples, rollout_s = self.take(parts)
+        informative = informative_samples(samples)
+        total_tokens = max(1, sum(len(s.completion_ids) for s in informative))
+        count = pulled_items(len(informative), self.cfg.train.micro_batch_size, devices)
+        size = -(-len(informative) // count) if informative else 1
+        items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + size]), total_tokens=total_tokens,
+                                  total_sequences=max(1, len(informative)))
+                 for i in range(0, len(informative), size)]
+        return Batch(k, items, batch_stats(k, samples, informative, rollout_s), tuple(samples[:PROBE_SAMPLES]))
+
+    def stream(self, k: int) -> "StreamedBatch":
+        """Batch ``k`` of a streamed step, built as its groups finish."""
+        return StreamedBatch(self, k)
+
+    def take(self, parts: Sequence[Tuple[Chunk, int]]) -> Tuple[List[Sample], float]:
+        """The samples of the groups ``parts`` name (each group once, with its GRPO advantages), and the
+        device-seconds spent generating them."""
         samples: List[Sample] = []
         rollout_s = 0.0
         for chunk, groups in parts:
@@ -83,20 +109,50 @@ class RolloutData:
                 assign_advantages(group, self.cfg.algorithm.std_normalize)
                 samples += group
             rollout_s += self.seconds[chunk.index] * groups / chunk.groups  # device-seconds
-        informative = [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
-        total_tokens = max(1, sum(len(s.completion_ids) for s in informative))
-        count = pulled_items(len(informative), self.cfg.train.micro_batch_size, devices)
-        size = -(-len(informative) // count) if informative else 1
-        items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + size]), total_tokens=total_tokens,
-                                  total_sequences=max(1, len(informative)))
-                 for i in range(0, len(informative), size)]
-        stats = {
-            "reward_mean": sum(s.reward for s in samples) / len(samples),
-            "completion_tokens_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
-            "informative_ratio": len(informative) / len(samples),
-            "staleness_mean": sum((k - s.version) for s in samples) / len(samples),
-            "staleness_max": max(k - s.version for s in samples),
-            "rollout_s": round(rollout_s, 4),
-            "samples": len(samples), "tokens": sum(len(s.completion_ids) for s in samples)}
-        return Batch(k, items, stats, tuple(samples[:PROBE_SAMPLES]))
+        return samples, rollout_s
 
+
+class StreamedBatch:
+    """A streamed step's data (eta 0: the B groups of version k), built as its groups finish. Each
+    arrival's informative samples become micro-batches at once; the batch's token count is not known
+    yet, so they are unnormalised sums (totals of 1), and ``close`` gives the normaliser the step's
+    ``FinishStep`` applies: the same update as the whole batch's, up to the order of the sums."""
+
+    def __init__(self, data: RolloutData, k: int):
+        self.data, self.k = data, k
+        self.samples: List[Sample] = []
+        self.informative: List[Sample] = []
+        self.rollout_s = 0.0
+
+    def add(self, parts: Sequence[Tuple[Chunk, int]]) -> List[msg.ComputeGrads]:
+        samples, rollout_s = self.data.take(parts)
+        fresh = informative_samples(samples)
+        self.samples += samples
+        self.informative += fresh
+        self.rollout_s += rollout_s
+        micro = self.data.cfg.train.micro_batch_size
+        return [msg.ComputeGrads(step=self.k, samples=tuple(fresh[i : i + micro]), total_tokens=1, total_sequences=1)
+                for i in range(0, len(fresh), micro)]
+
+    def close(self) -> Batch:
+        if self.data.cfg.algorithm.loss_aggregation == "token_mean":
+            scale = 1.0 / max(1, sum(len(s.completion_ids) for s in self.informative))
+        else:  # seq_mean, without a KL term (PipelineConfig.live_driver)
+            scale = 1.0 / max(1, len(self.informative))
+        stats = batch_stats(self.k, self.samples, self.informative, self.rollout_s)
+        return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale)
+
+
+def informative_samples(samples: Sequence[Sample]) -> List[Sample]:
+    return [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
+
+
+def batch_stats(k: int, samples: Sequence[Sample], informative: Sequence[Sample], rollout_s: float) -> Dict[str, Any]:
+    return {
+        "reward_mean": sum(s.reward for s in samples) / len(samples),
+        "completion_tokens_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
+        "informative_ratio": len(informative) / len(samples),
+        "staleness_mean": sum((k - s.version) for s in samples) / len(samples),
+        "staleness_max": max(k - s.version for s in samples),
+        "rollout_s": round(rollout_s, 4),
+        "samples": len(samples), "tokens": sum(len(s.completion_ids) for s in samples)}

@@ -30,6 +30,10 @@ e.g. a rollout device the staleness bound blocks) takes a share of what is left.
 micro-batch is handed out the step accepts no more joiners (``Cluster.close_step``); once all are
 computed every device of the step gets ``FinishStep``: one all-reduce over exactly those devices, then
 the home trainers' optimizer step.
+
+Streamed steps (eta 0, ``Cluster.streams``): the step starts on the groups of its batch already done;
+each chunk that finishes later is turned into micro-batches at once (``feed_stream``) and pulled by the
+step's devices, which wait meanwhile; ``FinishStep`` comes only once every group is in and computed.
 """
 
 from __future__ import annotations
@@ -45,10 +49,10 @@ from bidirl.errors import BidirlError
 from bidirl.prompts import PromptBuilder
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
-from bidirl.runtime.batches import Batch, RolloutData
+from bidirl.runtime.batches import Batch, RolloutData, StreamedBatch
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
-from bidirl.sched.assembly import LIVE, assemble
+from bidirl.sched.assembly import assemble
 from bidirl.sched.estimates import NO_ESTIMATES, Estimates, MeasuredEstimates
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner, ResponseLengths
 from bidirl.sched.roles import Role
@@ -61,7 +65,7 @@ class StepInProgress:
     """The train step being computed: its micro-batches not yet handed out, the devices computing one,
     every device taking part (joiners included), and the gradient work done so far."""
 
-    batch: Batch
+    batch: Optional[Batch]  # None while a streamed step's batch is still generating
     snapshot: bool
     members: List[int]
     started: float
@@ -69,6 +73,8 @@ class StepInProgress:
     computing: Set[int] = field(default_factory=set)
     work_s: float = 0.0  # device-seconds of gradient work reported
     finishing: bool = False
+    stream: Optional[StreamedBatch] = None  # a streamed step's batch, being built as its groups finish
+    fed: int = 0  # parts of the batch turned into micro-batches so far
 
 
 class Controller:
@@ -88,10 +94,11 @@ class Controller:
                 raise BidirlError("cluster.replan_every needs the planner: start the runtime with `bidirl launch`")
             self.replanner = LengthReplanner(cfg.cluster.replan_every, self.trained_lengths.mean_since_last_asked,
                                              choose)
-        assembly = assemble(cfg.launch.mode, cfg.run_shape(), LIVE, self.measured, self.replanner)
+        assembly = assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), self.measured, self.replanner)
         self.policy, self.cluster = assembly.policy, assembly.cluster
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path)))
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
+        self.data.sampler  # reads the problems now, before the run's clock starts
         self.report = RunReport(cfg, run)
         self.pending: Dict[str, Set[int]] = {"train": set(), "sync": set()}  # collectives not yet reported
         self.primary_done: Optional[msg.StepDone] = None
@@ -120,6 +127,8 @@ class Controller:
                     if event is not None:
                         self.cluster.now = self.report.elapsed()
                         self.cluster.complete(event)
+                        if isinstance(event, ev.ChunkDone) and self.step is not None and self.step.stream:
+                            self.feed_stream()
                         self.dispatch(event)
             rl_seconds = self.report.elapsed()
             checkpoint = self.ask(self.cluster.primary, msg.SaveCheckpoint(str(self.report.run.path / "checkpoint")),
@@ -231,31 +240,54 @@ class Controller:
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first
-        batch = self.data.batch(k, self.cluster.batch_chunks(k), len(action.devices))
-        self.step = StepInProgress(batch, self.report.wants_snapshot(k + 1), list(action.devices),
-                                   time.perf_counter(), deque(batch.items))
-        self.trained_lengths.trained(batch.stats["tokens"], batch.stats["samples"])
+        parts = self.cluster.batch_chunks(k)  # (streamed: the groups done so far)
+        step = StepInProgress(None, self.report.wants_snapshot(k + 1), list(action.devices), time.perf_counter(),
+                              fed=len(parts))
+        if self.cluster.streaming:
+            step.stream = self.data.stream(k)
+            step.left.extend(step.stream.add(parts))
+        else:
+            step.batch = self.data.batch(k, parts, len(action.devices))
+            step.left.extend(step.batch.items)
+            self.trained_lengths.trained(step.batch.stats["tokens"], step.batch.stats["samples"])
+        self.step = step
         for device in action.devices:
             self.pull(device)
 
+    def feed_stream(self) -> None:
+        """Groups that finished into the streamed step become micro-batches; the step's devices that were
+        waiting for work pull them. The last group closes the batch (its normaliser is known now)."""
+        step = self.step
+        parts = self.cluster.batch_chunks(self.cluster.version)[step.fed:]
+        step.fed += len(parts)
+        step.left.extend(step.stream.add(parts))
+        if not self.cluster.streaming:
+            step.batch, step.stream = step.stream.close(), None
+            self.trained_lengths.trained(step.batch.stats["tokens"], step.batch.stats["samples"])
+        for device in sorted(set(step.members) - step.computing):
+            self.pull(device)
+        if not step.left:
+            self.cluster.close_step()  # (kept open by the bookkeeping until the last group is in)
+
     def pull(self, device: int) -> None:
         """``device`` is free for the step: it gets the next micro-batch, or, once every micro-batch is
-        computed, the step finishes on all its devices."""
+        computed (and, streamed, every group is in), the step finishes on all its devices. A device of a
+        streamed step with nothing to pull waits for the next group to finish (``feed_stream``)."""
         step = self.step
         if step.left:
             self.mailbox.send(device, step.left.popleft())
             step.computing.add(device)
             if not step.left:
                 self.cluster.close_step()  # nothing left to share: a device joining now would only wait
-        elif not step.computing and not step.finishing:
+        elif not step.computing and not step.finishing and step.stream is None:
             self.cluster.close_step()
             step.finishing = True
-            members, primary = tuple(sorted(step.members)), self.cluster.primary
+            members, primary, batch = tuple(sorted(step.members)), self.cluster.primary, step.batch
             for member in members:
                 mine = member == primary
-                self.mailbox.send(member, msg.FinishStep(step=step.batch.step, members=members,
+                self.mailbox.send(member, msg.FinishStep(step=batch.step, members=members, grad_scale=batch.grad_scale,
                                                          snapshot=step.snapshot and mine,
-                                                         probe=step.batch.probe if mine else ()))
+                                                         probe=batch.probe if mine else ()))
             self.pending["train"] = set(members)
 
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background

@@ -45,7 +45,7 @@ def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, t
 def check_plan(cfg: PipelineConfig) -> None:
     """An impossible partition fails here, in one line, before any process starts: the very assembly
     the controller will make, on the live runtime's capabilities."""
-    from bidirl.sched.assembly import LIVE, assemble
+    from bidirl.sched.assembly import assemble
     from bidirl.sched.estimates import MeasuredEstimates
     from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 
@@ -56,7 +56,7 @@ def check_plan(cfg: PipelineConfig) -> None:
     every = cfg.cluster.replan_every  # a replanner that is never asked: the same assembly checks
     replanner = LengthReplanner(every, lambda: None, lambda mean: 0) if every else NO_REPLANNING
     try:
-        assemble(cfg.launch.mode, cfg.run_shape(), LIVE, MeasuredEstimates(), replanner)
+        assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), MeasuredEstimates(), replanner)
     except ValueError as exc:
         raise BidirlError(str(exc)) from None
     if cfg.train.engine == "deepspeed" and cfg.train.zero_stage > 0 and cfg.cluster.devices > 1:

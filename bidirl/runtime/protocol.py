@@ -73,7 +73,9 @@ class ComputeGrads(Command):
     handler = "compute_grads"
     step: int  # the batch (= the version it is trained from)
     samples: Tuple[Sample, ...]  # one micro-batch of the batch's informative samples
-    total_tokens: int  # of the whole batch: every part scales its gradients by it, so they add up
+    # of the whole batch: every part scales its gradients by them, so they add up (1 and 1 in a streamed
+    # step, whose totals are not known yet: unnormalised sums, scaled by FinishStep.grad_scale)
+    total_tokens: int
     total_sequences: int
 
 
@@ -87,6 +89,7 @@ class FinishStep(Command):
     members: Tuple[int, ...]  # every device of the step, joiners included (the all-reduce group)
     snapshot: bool = False  # save a weight snapshot after the step (primary only)
     probe: Tuple[Sample, ...] = ()  # a few samples for the log-prob check, before the update (primary only)
+    grad_scale: float = 1.0  # a streamed step's normaliser (1 / its tokens or sequences), known once all are in
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ scheduler's bookkeeping.
 Gradients. The devices of a train step pull its micro-batches one at a time (``ComputeGrads``: each
 scaled by the whole batch's token count, so the parts add up, and added to the device's ``.grad``), so
 a device that joins mid-step takes a share of the rest; then (``FinishStep``) they all-reduce over the
-pre-built group of exactly those devices. Every
+pre-built group of exactly those devices. A streamed step's micro-batches (sent while its batch is still
+generating, before its token count is known) are unnormalised sums, and ``FinishStep`` carries the
+normaliser (``grad_scale``), applied once, before the all-reduce and the clip. Every
 *home* trainer then applies the same optimizer step to its replica (data parallelism: they stay
 identical); a lent rollout device only contributed gradients and keeps no optimizer state, so the
 train pool stays the one source of versions. A device that joins the train pool for good (re-planning,
@@ -134,11 +136,13 @@ class Worker:
         with self.doing(S.TRAINING, f"batch {command.step}: reduce"):
             torch = self.torch
             step = self.step_stats.pop(command.step, {"samples": 0, "sums": {}})
-            stats = {key: value if key in SUMMED else value / max(1, step["samples"])
+            stats = {key: value * command.grad_scale if key in SUMMED else value / max(1, step["samples"])
                      for key, value in step["sums"].items()}
             stats.update(self.logprob_gap(command.probe))  # the weights are still those trained from
             grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                                for p in self.params])
+            if command.grad_scale != 1.0:  # a streamed step: unnormalised sums until its batch was complete
+                grads.mul_(command.grad_scale)
             reduce_start = time.perf_counter()
             self.groups.allreduce_sum(grads, command.members)
             reduce_s = time.perf_counter() - reduce_start

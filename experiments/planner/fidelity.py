@@ -35,7 +35,6 @@ import tempfile
 from pathlib import Path
 
 from bidirl.config import load_config
-from bidirl.sched.assembly import LIVE as LIVE_RUNTIME
 from bidirl.sched.trace import steady_step_s
 from bidirl.sim.run import simulate
 
@@ -89,7 +88,7 @@ def measure(name: str, steps: int, root: Path, repeats: int) -> list:
             cfg = load_config(pipeline, [*overrides, f"launch.mode={policy}", f"sim.profile={profile_json}"])
             # the live runtime's capabilities: one chunk in flight per device, no mid-step join, a load
             # waits for the chunk in flight (what `bidirl plan` scores a live launch with)
-            predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=LIVE_RUNTIME)
+            predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=cfg.live_driver())
             # the live run starts from the same profile (the cost-aware policies' prior estimates)
             summary = live(pipeline, [*overrides, f"sim.profile={profile_json}"], root / name / f"round{repeat}", policy)
             pairs[policy].append((predicted, summary, json.loads(Path(profile_json).read_text())))
