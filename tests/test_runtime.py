@@ -176,6 +176,8 @@ def test_live_steps_stream_at_eta_0_start_on_the_groups_done_and_step_once_all_a
     assert [r["samples_consumed"] for r in steps] == [8 * 4 * k for k in (1, 2, 3, 4)]  # every group, once
     assert summary["final_version"] == 4 and summary["staleness_histogram"] == {"0": 4 * 8}
     assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # on-policy: trained from the weights that generated
+    # the trainer waited for the second chunk of every batch inside the step: idle time, not busy
+    assert summary["stream_wait_s"] > 0 and summary["time_breakdown"]["train"]["tail"] > 0
 
 
 def test_bidirl_started_from_a_profile_lends_before_it_has_measured_anything(tmp_path):

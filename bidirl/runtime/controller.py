@@ -75,6 +75,8 @@ class StepInProgress:
     finishing: bool = False
     stream: Optional[StreamedBatch] = None  # a streamed step's batch, being built as its groups finish
     fed: int = 0  # parts of the batch turned into micro-batches so far
+    waiting: Dict[int, float] = field(default_factory=dict)  # device -> since when it has had nothing to pull
+    waited_s: float = 0.0  # device-seconds spent so (streamed steps: groups still generating)
 
 
 class Controller:
@@ -204,6 +206,7 @@ class Controller:
         self.check_replicas_agree()
         primary, step = self.primary_done, self.step
         self.measured.step(step.work_s, primary.reduce_s)
+        self.report.stream_wait_s += step.waited_s
         stats = {**step.batch.stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4)}
         self.bar(**self.report.step_done(primary, stats, time.perf_counter() - step.started))
         self.step = None
@@ -261,6 +264,9 @@ class Controller:
         parts = self.cluster.batch_chunks(self.cluster.version)[step.fed:]
         step.fed += len(parts)
         step.left.extend(step.stream.add(parts))
+        now = time.perf_counter()
+        step.waited_s += sum(now - since for since in step.waiting.values())
+        step.waiting.clear()
         if not self.cluster.streaming:
             step.batch, step.stream = step.stream.close(), None
             self.trained_lengths.trained(step.batch.stats["tokens"], step.batch.stats["samples"])
@@ -289,6 +295,8 @@ class Controller:
                                                          snapshot=step.snapshot and mine,
                                                          probe=batch.probe if mine else ()))
             self.pending["train"] = set(members)
+        elif step.stream is not None and device not in step.computing:
+            step.waiting.setdefault(device, time.perf_counter())  # until the next group of the batch finishes
 
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background
         self.sync_started = time.perf_counter()

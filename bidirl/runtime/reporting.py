@@ -17,7 +17,8 @@ from bidirl.config import PipelineConfig
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import median, pool_idle_ratio, steady_step_s, switch_overheads, time_breakdown
+from bidirl.sched.trace import (charge_stream_wait, median, pool_idle_ratio, steady_step_s, switch_overheads,
+                                time_breakdown)
 from bidirl.ui import say
 
 
@@ -33,6 +34,7 @@ class RunReport:
         self.consumed_samples = 0
         self.consumed_tokens = 0
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
+        self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
         self.t0 = time.perf_counter()
 
     def start(self) -> None:
@@ -90,13 +92,14 @@ class RunReport:
                 out.write(json.dumps(record) + "\n")
         homes = {d.index: d.home.value for d in cluster.devices}
         switches = self.switch_figures(cluster.trace)
+        idle, breakdown = pool_idle_ratio(cluster.trace, cluster.now, homes), time_breakdown(cluster.trace, cluster.now, homes)
+        charge_stream_wait(idle, breakdown, self.stream_wait_s, cluster.now, sum(h == "train" for h in homes.values()))
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),
             "eta": cluster.eta, "steps": cluster.version, "rl_seconds": round(rl_seconds, 2),
             "samples_per_s": round(self.consumed_samples / rl_seconds, 2),
             "tokens_per_s": round(self.consumed_tokens / rl_seconds, 2),
-            "idle_ratio": pool_idle_ratio(cluster.trace, cluster.now, homes),
-            "time_breakdown": time_breakdown(cluster.trace, cluster.now, homes),
+            "idle_ratio": idle, "time_breakdown": breakdown, "stream_wait_s": round(self.stream_wait_s, 3),
             "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
             "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
             "sync_transfer_median_s": round(median(m.transfer_s for m in self.staged), 4),

@@ -116,3 +116,16 @@ def steady_step_s(version_times: Sequence[float], warmup: int = 3) -> float:
         return 0.0
     first = warmup if steps > warmup + 1 else 0
     return (version_times[-1] - version_times[first]) / (steps - first)
+
+
+def charge_stream_wait(idle_ratio: Dict[str, float], breakdown: Dict[str, Dict[str, float]], wait_s: float,
+                       end: float, train_devices: int) -> None:
+    """A streamed step's devices that wait for its groups still generating hold the TRAINING state but
+    train nothing: both drivers move that wait (device-seconds) from the train pool's busy time to its
+    tail idle time, in place."""
+    if not wait_s or "train" not in breakdown:
+        return
+    share = wait_s / (end * train_devices)
+    idle_ratio["train"] = round(idle_ratio.get("train", 0.0) + share, 4)
+    breakdown["train"]["busy"] = round(breakdown["train"]["busy"] - share, 4)
+    breakdown["train"][TAIL] = round(breakdown["train"][TAIL] + share, 4)

@@ -20,7 +20,7 @@ from bidirl.sched.assembly import DriverCapabilities, RunShape, assemble
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
-from bidirl.sched.trace import pool_idle_ratio, steady_step_s, time_breakdown
+from bidirl.sched.trace import charge_stream_wait, pool_idle_ratio, steady_step_s, time_breakdown
 from bidirl.sim.costs import CalibratedCosts, estimates, make_instance, step_bound
 from bidirl.sim.simulator import Simulator
 
@@ -156,11 +156,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     bound = bound_step(cfg, perf, shape.staleness) if with_bound else 0.0
     homes_map = {d.index: d.home.value for d in cluster.devices}
     idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
-    if simulator.stream_wait_s:  # a streamed step's devices waiting for its groups train nothing: a tail wait
-        share = simulator.stream_wait_s / (makespan * (devices - run.rollout_devices))
-        idle["train"] = round(idle["train"] + share, 4)
-        breakdown["train"]["busy"] = round(breakdown["train"]["busy"] - share, 4)
-        breakdown["train"]["tail"] = round(breakdown["train"]["tail"] + share, 4)
+    charge_stream_wait(idle, breakdown, simulator.stream_wait_s, makespan, devices - run.rollout_devices)
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),
