@@ -264,14 +264,46 @@ def test_a_streamed_step_starts_on_the_groups_done_takes_the_rest_as_they_finish
     assert cluster.trained_groups == 8 and cluster.staleness == {0: 8}
 
 
-def test_streaming_needs_a_batch_known_before_it_is_done():
-    with pytest.raises(ValueError, match="staleness=0"):
-        Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=1, steps=2, chunk_groups=4, streams=True)
+def test_streaming_needs_deadlines_that_say_which_groups_a_batch_waits_for():
+    with pytest.raises(ValueError, match="per-group deadlines"):
+        Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=1, steps=2, chunk_groups=4, streams=True,
+                deadlines=False)
     from bidirl.sched.assembly import LIVE, RunShape, assemble
     from bidirl.sched.estimates import Estimates
 
     def streams(policy, eta):
         return assemble(policy, RunShape(2, 1, 8, 2, 4, eta), LIVE, Estimates(1.0, 1.0, 0.1)).cluster.streams
 
-    assert streams("bidirl", 0) and not streams("bidirl", 1)
+    assert streams("bidirl", 0) and streams("bidirl", 1)
     assert not streams("async", 0) and not streams("bidirl-nostream", 0)  # baselines wait for the whole batch
+
+
+def test_at_eta_1_a_streamed_step_waits_only_for_the_due_tail_it_must_contain_anyway():
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=2, chunk_groups=4,
+                      streams=True)
+    cluster.apply(ev.Generate(0, 4))
+    cluster.apply(ev.Generate(1, 4))  # 8 groups at v0: all that v0 may start (deadline 1 for chunk 1)
+    cluster.complete(ev.ChunkDone(0, 0))
+    cluster.apply(ev.Train((2,)))
+    cluster.complete(ev.TrainDone(1))
+    cluster.complete(ev.ChunkDone(1, 1, groups=2))  # two of chunk 1's groups are done, two (due now) are not
+    assert not cluster.batch_ready() and cluster.stream_plan() == {0: 2}
+    cluster.apply(ev.Train((2,)))
+    assert cluster.streaming == 2
+    cluster.complete(ev.ChunkDone(1, 1))
+    cluster.complete(ev.TrainDone(2))
+    assert cluster.staleness == {0: 4, 1: 4} and cluster.trained_groups == 8
+
+
+def test_a_streamed_step_does_not_start_while_a_device_could_still_start_groups_it_would_have_to_wait_for():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=3, chunk_groups=2, inflight_groups=4,
+                      streams=True)
+    cluster.apply(ev.Generate(0, 2))
+    cluster.apply(ev.Generate(0, 2))
+    cluster.complete(ev.ChunkDone(0, 0))
+    cluster.complete(ev.ChunkDone(0, 1))
+    cluster.apply(ev.Train((1,)))
+    cluster.apply(ev.Generate(0, 2))  # v0 may start 8 groups in all: 6 so far
+    cluster.complete(ev.TrainDone(1))
+    cluster.complete(ev.ChunkDone(0, 2, groups=1))
+    assert cluster.admissible(cluster.devices[0]) == 2 and cluster.stream_plan() is None

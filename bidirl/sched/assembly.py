@@ -11,8 +11,8 @@ the rules are written once:
   on drivers that can carry them out, and u must divide the batch -- the cluster then counts u
   updates of B/u groups per published version;
 * streamed gradient work (a step starting on the part of its batch already done): only for policies
-  that stream (``Policy.streams_gradients``), on drivers that can, at eta = 0, where a batch's groups
-  are known before they are done;
+  that stream (``Policy.streams_gradients``), on drivers that can, with per-group deadlines (they say
+  which groups a batch must wait for);
 * what the driver can do (:class:`DriverCapabilities`) goes into the bookkeeping, so policies ask the
   cluster instead of knowing which driver runs them.
 
@@ -96,5 +96,5 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
     cluster = Cluster(homes, shape.batch_groups // u, eta, shape.steps * u, shape.chunk_groups,
                       inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
                       deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join,
-                      streams=policy.streams_gradients and driver.streams_gradients and eta == 0 and policy.deadlines)
+                      streams=policy.streams_gradients and driver.streams_gradients and policy.deadlines)
     return Assembly(policy, cluster)

@@ -106,7 +106,7 @@ class BidirlPolicy(VerlDynamicPolicy):
     The policy keeps its own estimate of the step's work left (from ``Estimates``), never a clock."""
 
     name = "bidirl"
-    streams_gradients = True  # at eta 0 a step starts on the groups already done
+    streams_gradients = True  # a step starts on the groups already done (Cluster.stream_plan)
     rollout_on_train = True  # idle trainers generate (Rollout-on-TrainPool)
     train_on_rollout = True  # blocked rollout devices compute gradients (Trainer-on-RollPool)
 
@@ -140,7 +140,8 @@ class BidirlPolicy(VerlDynamicPolicy):
             return []  # a driver that cannot add devices to a running step: wait for the borrowed devices
         borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
         devices = home + borrowed
-        done = min(cluster.B, cluster.completed_groups)  # all of the batch, or (streamed) what is done of it
+        plan = cluster.stream_plan()  # streamed: the groups the step will wait for
+        done = cluster.B - (sum(plan.values()) if plan else 0)
         self.step = StepProgress(self.estimates.train_batch_s * done / cluster.B, len(devices), cluster.now)
         self.stream_left = cluster.B - done
         return devices

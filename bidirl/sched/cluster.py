@@ -35,9 +35,11 @@ Invariants (asserted here and by tests):
   * only the train pool creates versions (home trainers step identical optimizer replicas; a lent
     rollout device only contributes gradients); no device computes gradients on stale weights;
   * one train step at a time, and a batch's optimizer step comes only when all its B groups are done;
-  * a streamed step (``streams``, eta = 0 only) starts on the groups of its batch already done and takes
-    the rest as they finish: at eta 0 batch k is exactly the B groups generated at version k, so its
-    membership is fixed before it is complete, and every group is trained on-policy as before;
+  * a streamed step (``streams``) starts on the groups of its batch already done and takes the rest as
+    they finish. It waits only for groups batch k must contain anyway, so its membership is fixed before
+    it is complete: at eta 0 the B groups of version k; at eta >= 1 the *due* groups still generating
+    (deadline k, once no device can start more of them) plus completed ones, earliest deadline first --
+    the very groups the trainers would otherwise wait for. Staleness is bounded exactly as before;
   * re-partitioning (``Rehome``) moves only idle, unlent devices other than the primary, only between
     steps; a device joining the train pool this way holds the primary's version when it arrives.
 """
@@ -114,12 +116,12 @@ class Cluster:
         self.allows_join = allows_join
         self.accepting_joins = False
         self.deadlines = deadlines
-        if streams and not (eta == 0 and deadlines):
-            raise ValueError("streamed gradient work needs a batch whose groups are known before they are done: "
-                             f"algorithm.staleness=0 with per-group deadlines, got {eta}")
+        if streams and not deadlines:
+            raise ValueError("streamed gradient work needs per-group deadlines: they say which groups a batch "
+                             "must wait for (count-only staleness waits for none)")
         # may a train step start on part of its batch and take the rest as it finishes (``stream_ready``)?
         self.streams = streams
-        self.streaming = 0  # groups of the step in progress still generating (a streamed step)
+        self.reserved: Counter = Counter()  # version -> groups the streamed step in progress still waits for
         self.version = 0  # newest version, held by the primary trainer
         self.published = 0  # newest version staged on every device
         self.syncing: Optional[int] = None  # version being transferred
@@ -213,11 +215,40 @@ class Cluster:
         if not self.streaming:
             self.accepting_joins = False
 
+    @property
+    def streaming(self) -> int:
+        """Groups of the (streamed) step in progress still generating."""
+        return sum(self.reserved.values())
+
     def stream_ready(self) -> bool:
-        """A streamed step may start: nothing trains, and some groups of the next batch (at eta 0:
-        those of the newest version) are done, though not all of them (that is ``batch_ready``)."""
-        return (self.streams and self.training is None and self.version < self.steps
-                and self.completed_by_version.get(self.version, 0) > 0 and not self.batch_ready())
+        """A streamed step may start now (``batch_ready`` is not yet true, see ``stream_plan``)."""
+        return self.stream_plan() is not None
+
+    def stream_plan(self) -> Optional[Counter]:
+        """The groups per version a streamed step starting now would wait for, or None if none may start.
+
+        It waits only for groups batch k must contain whatever happens: at eta 0 all B of version k
+        (some perhaps not admitted yet); at eta >= 1 the due ones (version <= k - eta) still generating,
+        once no device can start more of them. The rest of the batch is completed groups, earliest
+        deadline first, and every group left behind must still meet its deadline (as in ``batch_ready``)."""
+        k = self.version
+        if not self.streams or self.training is not None or k >= self.steps or self.batch_ready():
+            return None
+        if self.eta == 0:
+            done = self.completed_by_version.get(k, 0)
+            return Counter({k: self.B - done}) if done else None
+        due = k - self.eta
+        if any(d.role is Role.ROLLOUT and d.version <= due and self.admissible(d) > 0 for d in self.devices):
+            return None  # a device could still start due groups: batch k's membership is not known yet
+        waiting = Counter({v: n - self.completed_by_version.get(v, 0) for v, n in self.untrained.items() if v <= due})
+        waiting = +waiting  # (drops zeros)
+        need = self.B - sum(waiting.values())
+        if not waiting or need <= 0 or self.completed_groups < need:
+            return None
+        taken = self._earliest_first(need)
+        for v, n in waiting.items():
+            taken[v] = taken.get(v, 0) + n
+        return waiting if self._deadlines_met(taken) else None
 
     def batch_chunks(self, k: int) -> List[Tuple[Chunk, int]]:
         """The chunks batch ``k`` took groups from, with how many groups each."""
@@ -235,20 +266,22 @@ class Cluster:
             return False
         if not self.deadlines:
             return True
-        taken = self._earliest_first()
-        if sum(taken.values()) < self.B:
-            return False
+        taken = self._earliest_first(self.B)
+        return sum(taken.values()) == self.B and self._deadlines_met(taken)
+
+    def _deadlines_met(self, taken: Dict[int, int]) -> bool:
+        """Batch k taking ``taken`` groups per version leaves, for every deadline D, at most (D - k) * B
+        untrained groups due by D (they fit in batches k+1..D)."""
         left_by_deadline = 0
         for version in sorted(self.untrained):
             left_by_deadline += self.untrained[version] - taken.get(version, 0)
-            if left_by_deadline > (version + self.eta - k) * self.B:
+            if left_by_deadline > (version + self.eta - self.version) * self.B:
                 return False
         return True
 
-    def _earliest_first(self) -> Dict[int, int]:
-        """Groups per version that B completed groups, oldest version first, would take."""
+    def _earliest_first(self, need: int) -> Dict[int, int]:
+        """Groups per version that ``need`` completed groups, oldest version first, would take."""
         taken: Dict[int, int] = {}
-        need = self.B
         for version in sorted(self.completed_by_version):
             take = min(need, self.completed_by_version[version])
             taken[version] = take
@@ -285,15 +318,16 @@ class Cluster:
                               self._log)
 
     def _start_train(self, action: ev.Train) -> None:
-        streamed = not self.batch_ready()
-        assert not streamed or self.stream_ready(), \
-            "a batch is trained only when B groups are done and none is overdue (or streamed, at eta 0)"
+        plan = None if self.batch_ready() else self.stream_plan()
+        streamed = plan is not None
+        assert self.batch_ready() or streamed, \
+            "a batch is trained only when B groups are done and none is overdue (or streamed: stream_plan)"
         assert self.primary in action.devices, "the primary trainer always takes part: it owns the optimizer"
         self.training = action
         self.training_devices = list(action.devices)
         self.accepting_joins = self.allows_join
-        parts = self._compose_batch(self.version)
-        self.streaming = self.B - sum(groups for _, groups in parts)
+        parts = self._compose_batch(self.version, self.B - sum(plan.values()) if streamed else self.B)
+        self.reserved = plan or Counter()
         low, high = min(self.chunks[c].version for c, _ in parts), max(self.chunks[c].version for c, _ in parts)
         done = f", streamed: {self.B - self.streaming}/{self.B} groups done" if streamed else ""
         for index in action.devices:
@@ -311,13 +345,12 @@ class Cluster:
         self.training_devices.append(device.index)
         device.transition(S.TRAINING, self.now, f"joins batch {self.version}", self._log)
 
-    def _compose_batch(self, k: int) -> List[Tuple[int, int]]:
-        """Takes B completed groups (fewer for a streamed step: all there are): oldest version first
-        (all overdue ones are among them) with deadlines, else in the order they finished."""
+    def _compose_batch(self, k: int, need: int) -> List[Tuple[int, int]]:
+        """Takes ``need`` completed groups (B; fewer for a streamed step): oldest version first (all
+        overdue ones are among them) with deadlines, else in the order they finished."""
         if self.deadlines:
             self.completed.sort(key=lambda entry: (entry[2], entry[0]))
-        parts, need = [], min(self.B, self.completed_groups)
-        taken = need
+        parts, taken = [], need
         while need:
             entry = self.completed[0]
             take = min(need, entry[1])
@@ -395,14 +428,15 @@ class Cluster:
         assert 0 < groups <= chunk.groups - chunk.finished, f"chunk {chunk.index}: {groups} more groups done?"
         chunk.finished += groups
         chunk.done = chunk.finished == chunk.groups
-        if self.streaming and chunk.version == self.version:  # straight into the streamed step (eta 0)
-            assert groups <= self.streaming, f"chunk {chunk.index}: more groups than batch {self.version} has"
-            self.batch_parts[self.version].append((chunk.index, groups))
-            self.streaming -= groups
-        else:
-            self.completed.append([chunk.index, groups, chunk.version])
-            self.completed_groups += groups
-            self.completed_by_version[chunk.version] += groups
+        into_step = min(groups, self.reserved.get(chunk.version, 0))  # straight into the streamed step
+        if into_step:
+            self.batch_parts[self.version].append((chunk.index, into_step))
+            self.reserved[chunk.version] -= into_step
+            self.reserved = +self.reserved
+        if groups > into_step:
+            self.completed.append([chunk.index, groups - into_step, chunk.version])
+            self.completed_groups += groups - into_step
+            self.completed_by_version[chunk.version] += groups - into_step
         self.inflight[event.device] -= groups
         by_version = self.inflight_by_version[event.device]
         by_version[chunk.version] -= groups

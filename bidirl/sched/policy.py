@@ -33,7 +33,7 @@ class Policy:
     needs_estimates: ClassVar[bool] = False  # cost-aware: decides with Estimates
     synchronous: ClassVar[bool] = False  # on-policy by construction: staleness is 0 whatever the config says
     deadlines: ClassVar[bool] = True  # staleness bounded per group (AReaL); False: counted only (veRL fully-async)
-    # at eta 0, start a step's gradient work on the groups already done while the rest generate (bidirl)
+    # start a step's gradient work on the groups already done while those it must wait for generate (bidirl)
     streams_gradients: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
