@@ -71,8 +71,8 @@ class VerlDynamicPolicy(AsyncPolicy):
         return max(0, min(cluster.version + 1, cluster.steps) * cluster.B - cluster.admitted)
 
     def lend_idle_trainers(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        if cluster.training is not None or cluster.batch_ready():
-            return
+        if cluster.training is not None or cluster.batch_ready() or cluster.stream_ready():
+            return  # (a trainer with gradient work to start is not idle)
         open_groups = self.next_batch_open(cluster)
         if not open_groups or not cluster.idle_sets[Role.TRAIN]:
             return
@@ -86,7 +86,8 @@ class VerlDynamicPolicy(AsyncPolicy):
 
     def end_trainer_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         for d in cluster.idle(Role.ROLLOUT):
-            if d.home is Role.TRAIN and not d.after_work and (self.next_batch_open(cluster) == 0 or cluster.batch_ready()):
+            if d.home is Role.TRAIN and not d.after_work and (self.next_batch_open(cluster) == 0 or cluster.batch_ready()
+                                                             or cluster.stream_ready()):
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "lease ends: batch complete"))
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:

@@ -238,7 +238,8 @@ class Cluster:
             done = self.completed_by_version.get(k, 0)
             return Counter({k: self.B - done}) if done else None
         due = k - self.eta
-        if any(d.role is Role.ROLLOUT and d.version <= due and self.admissible(d) > 0 for d in self.devices):
+        if self.admitted < self.admission_limit(int(due)) and any(
+                d.role is Role.ROLLOUT and d.version <= due and self.admissible(d) > 0 for d in self.devices):
             return None  # a device could still start due groups: batch k's membership is not known yet
         waiting = Counter({v: n - self.completed_by_version.get(v, 0) for v, n in self.untrained.items() if v <= due})
         waiting = +waiting  # (drops zeros)

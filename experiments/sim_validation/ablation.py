@@ -1,0 +1,52 @@
+"""What each bidirl mechanism adds: 32 simulated H100s, 7B, the results table's rows, at bidirl's split.
+
+    .venv/bin/python experiments/sim_validation/ablation.py [steps] [processes]
+
+Per (workload, eta) row, bidirl's split from the planner (as ``sweep.py`` finds it), then at that
+split, mean samples/s over seeds 0-2 at chunk 8 of:
+  areal            the static split: no streaming, no lending
+  bidirl-none      + streamed steps only (no lending)
+  bidirl-nostream  + both lending directions only (every step waits for its whole batch)
+  bidirl-rot       streamed steps + Rollout-on-TrainPool only
+  bidirl-tor       streamed steps + Trainer-on-RollPool only
+  bidirl           everything
+each with its ratio to ``areal`` at the same split. Nothing here is tuned toward a ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from multiprocessing import Pool
+from typing import List
+
+from sweep import SEARCH_CHUNK, SEEDS, WORKLOADS, best_split, config
+
+from bidirl.sim.run import simulate
+
+ARMS = ["areal", "bidirl-none", "bidirl-nostream", "bidirl-rot", "bidirl-tor", "bidirl"]
+
+
+def row(args) -> str:
+    workload, eta, steps = args
+    split = best_split(workload, eta, steps, "bidirl")
+    mean = {arm: statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, arm), arm,
+                                          rollout_devices=split, with_bound=False).samples_per_s for seed in SEEDS)
+            for arm in ARMS}
+    cells = [f"{mean[arm]:.2f} ({mean[arm] / mean['areal']:.2f})" for arm in ARMS]
+    return f"| {workload} | {eta} | {split}/{32 - split} | " + " | ".join(cells) + " |"
+
+
+def main(argv: List[str]) -> None:
+    steps = int(argv[0]) if argv else 60
+    processes = int(argv[1]) if len(argv) > 1 else 2
+    print("| workload | eta | bidirl split | " + " | ".join(ARMS) + " |  (samples/s, ratio to areal)")
+    print("|" + "---|" * (3 + len(ARMS)), flush=True)
+    jobs = [(workload, eta, steps) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
+    with Pool(processes) as pool:
+        for line in pool.imap(row, jobs):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
