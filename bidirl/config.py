@@ -139,6 +139,9 @@ class LaunchConfig:
     mode: str = "sync"
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
     collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
+    # a device lent to a train step that has not finished its micro-batch after this long loses its lease
+    # and its gradients (0: ten times the slowest micro-batch measured so far in the run, at least 10 s)
+    lease_timeout_s: float = 0.0
 
 
 @dataclass

@@ -180,6 +180,30 @@ def test_live_steps_stream_at_eta_0_start_on_the_groups_done_and_step_once_all_a
     assert summary["stream_wait_s"] > 0 and summary["time_breakdown"]["train"]["tail"] > 0
 
 
+def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_count_for_nothing(tmp_path):
+    import os
+
+    # the rollout device, lent to a step, hangs 8 s in its first micro-batch; its lease expires after 1 s
+    env = {**os.environ, "BIDIRL_FAULT_STALL": "0:8"}
+    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+            *SMALL, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0", "launch.lease_timeout_s=1",
+            "train.prompts_per_step=32", "train.micro_batch_size=8"]
+    result = subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lease expired" in result.stdout + result.stderr
+    root = run_dir(tmp_path)
+    summary = json.loads((root / "summary.json").read_text())
+    (expired,) = summary["expired_leases"]
+    assert expired["device"] == 0 and summary["discarded_grads"] == [{"device": 0, "batch": expired["batch"]}]
+    trace = read_jsonl(root / "trace.jsonl")
+    assert any(r["reason"].startswith(f"lease expired in batch {expired['batch']}") for r in trace if r["device"] == 0)
+    metrics = {r["step"] - 1: r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r}
+    assert metrics[expired["batch"]]["train_devices"] == 1  # the step finished without it, on all its samples
+    assert [metrics[k]["samples_consumed"] for k in range(4)] == [128, 256, 384, 512]
+    assert summary["final_version"] == 4 and summary["staleness_histogram"] == {"0": 4 * 32}
+    assert trace[-1]["role"] == trace[-1]["home"]  # and the device went home when it answered again
+
+
 def test_bidirl_started_from_a_profile_lends_before_it_has_measured_anything(tmp_path):
     from tests.test_planner import synthetic_profile
 

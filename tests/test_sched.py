@@ -307,3 +307,18 @@ def test_a_streamed_step_does_not_start_while_a_device_could_still_start_groups_
     cluster.complete(ev.TrainDone(1))
     cluster.complete(ev.ChunkDone(0, 2, groups=1))
     assert cluster.admissible(cluster.devices[0]) == 2 and cluster.stream_plan() is None
+
+
+def test_a_simulated_borrowed_device_that_hangs_loses_its_lease_and_the_others_redo_its_micro_batches():
+    policy = build_policy("async-lend")
+    cluster = Cluster(policy.homes(2, 1), batch_groups=8, eta=0, steps=3, chunk_groups=8)
+    costs = FixedCosts(generate_per_group=0.1, train_step=4.0)  # 32 samples: 4 micro-batches of 8, 1 s each
+    Simulator(cluster, policy, costs, pull_samples=8, stalls={0: 100.0}, lease_timeout_s=2.0).run()
+    start = next(r["t"] for r in cluster.trace if r["device"] == 1 and r["to"] == "training")
+    done = next(r["t"] for r in cluster.trace if r["device"] == 1 and r["reason"] == "step -> v1")
+    (expired,) = cluster.expired_leases
+    assert expired == (pytest.approx(start + 2.0), 0, 0)  # the lent device's first micro-batch overran
+    assert done == pytest.approx(start + 4.0)  # the trainer redid it: the whole batch alone, nothing counted twice
+    assert cluster.trained_groups == 3 * 8 and cluster.finished  # and the hung device came home when it woke
+    back = [r for r in cluster.trace if r["device"] == 0 and r["from"] == "switching" and r["role"] == "rollout"]
+    assert back[0]["t"] > start + 100

@@ -75,8 +75,14 @@ class StepInProgress:
     finishing: bool = False
     stream: Optional[StreamedBatch] = None  # a streamed step's batch, being built as its groups finish
     fed: int = 0  # parts of the batch turned into micro-batches so far
+    current: Dict[int, Tuple[msg.ComputeGrads, float]] = field(default_factory=dict)  # device -> (item, sent at)
+    computed: Dict[int, List[msg.ComputeGrads]] = field(default_factory=dict)  # device -> items it has computed
     waiting: Dict[int, float] = field(default_factory=dict)  # device -> since when it has had nothing to pull
     waited_s: float = 0.0  # device-seconds spent so (streamed steps: groups still generating)
+
+
+    def batch_step(self) -> int:
+        return self.batch.step if self.batch is not None else self.stream.k
 
 
 class Controller:
@@ -108,6 +114,7 @@ class Controller:
         self.checksums: Dict[int, Tuple[float, float]] = {}  # home trainers' weights after the step in progress
         self.sync_started = 0.0
         self.shared_states: List[msg.TrainStateShared] = []
+        self.slowest_item_s = 0.0  # the slowest micro-batch measured so far (the lease timeout follows it)
 
     # ---- main loop -------------------------------------------------------------------------------
     def run_all(self) -> Dict[str, Any]:
@@ -125,7 +132,8 @@ class Controller:
             with progress_bar(f"GRPO ({self.policy.label})", self.cfg.train.steps, self.cfg.logging.progress) as bar:
                 self.bar = bar
                 while not self.cluster.finished:
-                    event = self.translate(self.mailbox.next_event())
+                    reply = self.mailbox.next_event(timeout=self.lease_wait())
+                    event = self.expire_overdue_lease() if reply is None else self.translate(reply)
                     if event is not None:
                         self.cluster.now = self.report.elapsed()
                         self.cluster.complete(event)
@@ -191,10 +199,47 @@ class Controller:
         return ev.SyncDone(self.cluster.syncing)
 
     def _grads_computed(self, reply: msg.GradsComputed) -> None:
-        self.step.computing.discard(reply.device)
-        self.step.work_s += reply.compute_s
+        step = self.step
+        if step is None or reply.device not in step.current or step.batch_step() != reply.step:
+            self.report.discarded_grads.append({"device": reply.device, "batch": reply.step})
+            return None  # a late reply of an expired lease: those gradients were discarded
+        item, _ = step.current.pop(reply.device)
+        step.computed.setdefault(reply.device, []).append(item)
+        step.computing.discard(reply.device)
+        step.work_s += reply.compute_s
+        self.slowest_item_s = max(self.slowest_item_s, reply.compute_s)
         self.pull(reply.device)
         return None  # the step is done when every device has finished it (StepDone)
+
+    # ---- leases that expire mid-step -------------------------------------------------------------
+    def lease_timeout_s(self) -> float:
+        return self.cfg.launch.lease_timeout_s or max(10.0, 10 * self.slowest_item_s)
+
+    def lease_wait(self) -> Optional[float]:
+        """Seconds until the first borrowed device computing a micro-batch overruns its lease (None: none does)."""
+        step = self.step
+        lent = [sent for device, (_, sent) in step.current.items() if self.cluster.devices[device].lent] if step else []
+        return max(0.0, min(lent) + self.lease_timeout_s() - time.perf_counter()) if lent else None
+
+    def expire_overdue_lease(self) -> Optional[ev.Event]:
+        """A borrowed device overran its micro-batch: it leaves the step, and everything it computed for
+        it goes back to the queue (FinishStep will not include it, so its gradients count for nothing)."""
+        step, now = self.step, time.perf_counter()
+        overdue = [d for d, (_, sent) in step.current.items()
+                   if self.cluster.devices[d].lent and now - sent >= self.lease_timeout_s()]
+        if not overdue:
+            return None
+        device = min(overdue, key=lambda d: step.current[d][1])
+        item, _ = step.current.pop(device)
+        step.left.extendleft(reversed([*step.computed.pop(device, []), item]))
+        step.computing.discard(device)
+        step.waiting.pop(device, None)
+        step.members.remove(device)
+        say(f"device {device}'s lease expired in batch {step.batch_step()} (no answer in {self.lease_timeout_s():.1f} s): "
+            "its gradients are discarded and its micro-batches recomputed")
+        for member in sorted(set(step.members) - step.computing):
+            self.pull(member)
+        return ev.LeaseExpired(device)
 
     def _step_done(self, reply: msg.StepDone) -> Optional[ev.Event]:
         if reply.device == self.cluster.primary:
@@ -281,7 +326,9 @@ class Controller:
         streamed step with nothing to pull waits for the next group to finish (``feed_stream``)."""
         step = self.step
         if step.left:
-            self.mailbox.send(device, step.left.popleft())
+            item = step.left.popleft()
+            self.mailbox.send(device, item)
+            step.current[device] = (item, time.perf_counter())
             step.computing.add(device)
             if not step.left:
                 self.cluster.close_step()  # nothing left to share: a device joining now would only wait

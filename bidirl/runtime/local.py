@@ -8,7 +8,7 @@ for a message. One code path for the single-process loop and the runtime, not tw
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -36,7 +36,7 @@ class LocalMailbox:
     def post(self, message: Any) -> None:
         self.events.append(message)
 
-    def next_event(self) -> Any:
+    def next_event(self, timeout: Optional[float] = None) -> Any:  # (one device: nothing is lent, nothing expires)
         while not self.events:
             if not self.commands:
                 raise BidirlError("the controller waits for a message but sent no command (scheduler stalled)")

@@ -17,8 +17,9 @@ every member, which rules out deadlock.
 
 from __future__ import annotations
 
+import datetime
 import pickle
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 PREFIX = "ctl/"
 
@@ -34,9 +35,14 @@ class Mailbox:
         self.sent[queue] = n + 1
         self.store.set(f"{PREFIX}{queue}/{n}", pickle.dumps(message))
 
-    def _take(self, queue: str) -> Any:
+    def _take(self, queue: str, timeout: Optional[float] = None) -> Any:
         n = self.taken.get(queue, 0)
         key = f"{PREFIX}{queue}/{n}"
+        if timeout is not None:
+            try:
+                self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout)))
+            except RuntimeError:  # (the store's timeout): nothing arrived in time
+                return None
         message = pickle.loads(self.store.get(key))  # blocks until the message exists
         self.store.delete_key(key)
         self.taken[queue] = n + 1
@@ -49,8 +55,9 @@ class Mailbox:
     def send_weights(self, device: int, message: Any) -> None:
         self._put(f"wcmd/{device}", message)
 
-    def next_event(self) -> Any:
-        return self._take("evt")
+    def next_event(self, timeout: Optional[float] = None) -> Any:
+        """The next reply from any device; None if ``timeout`` seconds pass without one."""
+        return self._take("evt", timeout)
 
     def publish(self, name: str, value: Any) -> None:
         self.store.set(PREFIX + name, pickle.dumps(value))

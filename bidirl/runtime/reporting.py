@@ -35,6 +35,7 @@ class RunReport:
         self.consumed_tokens = 0
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
+        self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
         self.t0 = time.perf_counter()
 
     def start(self) -> None:
@@ -100,6 +101,8 @@ class RunReport:
             "samples_per_s": round(self.consumed_samples / rl_seconds, 2),
             "tokens_per_s": round(self.consumed_tokens / rl_seconds, 2),
             "idle_ratio": idle, "time_breakdown": breakdown, "stream_wait_s": round(self.stream_wait_s, 3),
+            "expired_leases": [{"t": round(t, 3), "device": d, "batch": k} for t, d, k in cluster.expired_leases],
+            "discarded_grads": self.discarded_grads,
             "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
             "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
             "sync_transfer_median_s": round(median(m.transfer_s for m in self.staged), 4),

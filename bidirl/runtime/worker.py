@@ -38,6 +38,7 @@ version changed. Switching never touches the disk, restarts nothing and creates 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -79,6 +80,7 @@ class Worker:
         self.staged: Dict[int, Any] = {}  # version -> flat weights received in the background
         self.staged_ready = threading.Condition()
         self.step_stats: Dict[int, Dict[str, Any]] = {}  # the step in progress -> this device's statistics so far
+        self.stalled = False  # (fault injection: stall_if_told)
         if device == self.primary:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -120,6 +122,7 @@ class Worker:
 
     def compute_grads(self, command: msg.ComputeGrads) -> msg.GradsComputed:
         """One pulled micro-batch: its gradients are added to the step's (the model's ``.grad``)."""
+        self.stall_if_told()
         with self.doing(S.TRAINING, f"batch {command.step}: {len(command.samples)} samples"):
             step = self.step_stats.setdefault(command.step, {"samples": 0, "sums": {}})
             start = time.perf_counter()
@@ -211,6 +214,9 @@ class Worker:
         start = time.perf_counter()
         if command.role is self.state.role:
             raise RuntimeError(f"device {self.device} asked to switch to {command.role.value}, which it serves")
+        if self.state.role is Role.TRAIN:  # leaving training: nothing computed for a step survives (an expired
+            self.train.zero_grads()  # lease's gradients, say: the step finished without them)
+            self.step_stats.clear()
         with self.doing(S.SWITCHING, f"to {command.role.value}"):  # entering SWITCHING flips the role
             load_s = self.load_rollout() if self.state.role is Role.ROLLOUT else 0.0
             join_start = time.perf_counter()
@@ -255,6 +261,16 @@ class Worker:
         if self.receiver is not None:  # it got its own Stop; a thread blocked in C++ at exit aborts
             self.receiver.join(timeout=self.cfg.launch.collective_timeout_s)
         return msg.Stopped()
+
+    def stall_if_told(self) -> None:
+        """Fault injection for tests (``BIDIRL_FAULT_STALL=device:seconds``): this device, lent to a
+        train step, stops answering for a while in its first micro-batch, as a hung or SIGSTOPped one."""
+        fault = os.environ.get("BIDIRL_FAULT_STALL", "")
+        if fault and not self.stalled and self.state.lent:
+            device, seconds = fault.split(":")
+            if int(device) == self.device:
+                self.stalled = True
+                time.sleep(float(seconds))
 
     # ---- checks -------------------------------------------------------------------------------
     def logprob_gap(self, probe: "tuple[Sample, ...]") -> Dict[str, float]:

@@ -180,7 +180,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         for d in cluster.idle(Role.TRAIN):
             if d.home is not Role.ROLLOUT or d.after_work:
                 continue
-            if cluster.accepting_joins and d.version == cluster.version \
+            if cluster.accepting_joins and d.version == cluster.version and d.index not in cluster.expired \
                     and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
                 issue(cluster, actions, ev.Join(d.index))
                 self.step.join(cluster.now)

@@ -40,6 +40,9 @@ Invariants (asserted here and by tests):
     it is complete: at eta 0 the B groups of version k; at eta >= 1 the *due* groups still generating
     (deadline k, once no device can start more of them) plus completed ones, earliest deadline first --
     the very groups the trainers would otherwise wait for. Staleness is bounded exactly as before;
+  * a borrowed device's gradients count once, for the version being trained, or not at all: a lease that
+    expires mid-step (``LeaseExpired``) takes the device out of the step, and the driver discards what it
+    computed (its micro-batches are computed again by the others);
   * re-partitioning (``Rehome``) moves only idle, unlent devices other than the primary, only between
     steps; a device joining the train pool this way holds the primary's version when it arrives.
 """
@@ -122,6 +125,9 @@ class Cluster:
         # may a train step start on part of its batch and take the rest as it finishes (``stream_ready``)?
         self.streams = streams
         self.reserved: Counter = Counter()  # version -> groups the streamed step in progress still waits for
+        # borrowed devices whose lease expired mid-step (they go home; they may not rejoin that step)
+        self.expired: set = set()
+        self.expired_leases: List[Tuple[float, int, int]] = []  # (time, device, batch)
         self.version = 0  # newest version, held by the primary trainer
         self.published = 0  # newest version staged on every device
         self.syncing: Optional[int] = None  # version being transferred
@@ -338,6 +344,7 @@ class Cluster:
 
     def _join_train(self, action: ev.Join) -> None:
         device = self.devices[action.device]
+        assert device.index not in self.expired, f"device {device.index}'s lease expired in this step"
         assert self.allows_join, "this driver cannot add a device to a step in progress"
         assert self.training is not None, "a device can only join a step in progress"
         assert self.accepting_joins, "the step in progress has no work left to share"
@@ -486,14 +493,26 @@ class Cluster:
         self.version_times.append(self.now)
         trainers, self.training, self.training_devices = self.training_devices, None, []
         self.accepting_joins = False
+        self.expired = set()
         for index in trainers:  # the train pool is data-parallel: every home trainer stepped its replica;
             if self.devices[index].home is Role.TRAIN:  # a lent rollout device only lent its gradients
                 self.devices[index].version = event.version
         for index in trainers:
             self._work_finished(self.devices[index], f"step -> v{event.version}")
 
+    def _lease_expired(self, event: ev.LeaseExpired) -> None:
+        device = self.devices[event.device]
+        assert self.training is not None and event.device in self.training_devices, "only a step's device expires"
+        assert device.lent and device.role is Role.TRAIN, "only a borrowed device's lease expires (home trainers hold replicas)"
+        self.training_devices.remove(event.device)
+        self.expired.add(event.device)
+        self.expired_leases.append((self.now, event.device, self.version))
+        device.transition(S.IDLE, self.now, f"lease expired in batch {self.version}: its gradients are discarded",
+                          self._log)
+
     COMPLETE = {ev.Started: _started, ev.ChunkDone: _chunk_done, ev.TrainDone: _finish_train,
-                ev.SyncDone: _sync_done, ev.LoadDone: _load_done, ev.SwitchDone: _switch_done}
+                ev.SyncDone: _sync_done, ev.LoadDone: _load_done, ev.SwitchDone: _switch_done,
+                ev.LeaseExpired: _lease_expired}
 
     def _work_finished(self, device: Device, reason: str) -> None:
         if device.state is S.DRAINING:  # the switch was queued first (switches need an empty queue)

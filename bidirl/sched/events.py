@@ -69,6 +69,15 @@ class SwitchDone(Event):
     role: Role
 
 
+@dataclass(frozen=True)
+class LeaseExpired(Event):
+    """``device``, lent to the train step in progress, did not finish its micro-batch within the lease
+    timeout: it leaves the step and every gradient it computed for it is discarded (the driver puts its
+    micro-batches back in the step's queue), so a borrowed device's gradients count once or not at all."""
+
+    device: int
+
+
 # ---- actions ---------------------------------------------------------------------------------
 
 
@@ -129,6 +138,6 @@ class Rehome(Action):
     reason: str = ""
 
 
-EVENTS: Tuple[type, ...] = (Started, ChunkDone, TrainDone, SyncDone, LoadDone, SwitchDone)
+EVENTS: Tuple[type, ...] = (Started, ChunkDone, TrainDone, SyncDone, LoadDone, SwitchDone, LeaseExpired)
 ACTIONS: Tuple[type, ...] = (Generate, Train, Join, Sync, Load, Switch, Rehome)
 

@@ -71,12 +71,16 @@ class FixedCosts:
     sync_s: float = 0.1
     switch_s: float = 0.01
     gradient_return_s: float = 0.0  # per lent device, serialised at the primary
+    samples_per_group: int = 4  # (what a pulled step cuts into micro-batches)
 
     def generate(self, chunk: Chunk) -> float:
         return self.generate_per_group * chunk.groups
 
     def train_work(self, batch: List[Tuple[Chunk, int]]) -> float:
         return self.train_step
+
+    def trained_samples(self, batch: List[Tuple[Chunk, int]]) -> float:
+        return sum(groups for _, groups in batch) * self.samples_per_group
 
     def allreduce(self, devices: int) -> float:
         return 0.0
@@ -108,50 +112,83 @@ class PulledStep:
     """A train step whose work comes as micro-batches, pulled one at a time in order by the step's
     devices (the earliest free first); a device that joins at ``now`` takes micro-batches nobody has
     started, and micro-batches ``add``-ed later (a streamed step's groups as they finish) queue behind
-    the rest. The same interface as :class:`~bidirl.sched.estimates.StepProgress` for the driver."""
+    the rest. A device slot may stall (fault injection: its next micro-batch takes longer) and expire:
+    everything it computed goes back to the front of the queue and it takes no more. The same interface
+    as :class:`~bidirl.sched.estimates.StepProgress` for the driver."""
 
     def __init__(self, item_s: float, items: int, devices: int, now: float, epoch: int = 0):
         self.devices, self.epoch = devices, epoch
-        self.starts: List[Tuple[float, int, float]] = []  # (start, device slot, seconds) per micro-batch
+        self.starts: List[Tuple[float, int, float, float]] = []  # (start, slot, work, seconds) per micro-batch
         self.joined = [now] * devices  # when each device slot joined the step
         self.waited = 0.0  # device-seconds a streamed step's devices had nothing to compute
+        self.stalls: Dict[int, float] = {}  # slot -> extra seconds its next micro-batch takes
+        self.dead: set = set()  # expired slots
         self._assign([now] * devices, [item_s] * items, now)
 
     def _assign(self, free: List[float], items: List[float], now: float) -> None:
-        heap = [(max(t, now), slot) for slot, t in enumerate(free)]
+        heap = [(max(t, now), slot) for slot, t in enumerate(free) if slot not in self.dead]
         heapq.heapify(heap)
-        for seconds in items:
+        for work in items:
             t, slot = heapq.heappop(heap)
-            self.starts.append((t, slot, seconds))
+            seconds = work + self.stalls.pop(slot, 0.0)
+            self.starts.append((t, slot, work, seconds))
             heapq.heappush(heap, (t + seconds, slot))
 
     def _free(self, starts) -> List[float]:
         free = list(self.joined)
-        for start, slot, seconds in starts:
+        for start, slot, _, seconds in starts:
             free[slot] = max(free[slot], start + seconds)
         return free
 
     @property
     def last_start(self) -> float:
-        return max((start for start, _, _ in self.starts), default=0.0)
+        return max((start for start, _, _, _ in self.starts), default=0.0)
 
     def finish(self, communication_s: float = 0.0) -> float:
-        return max((start + seconds for start, _, seconds in self.starts), default=0.0) + communication_s
+        return max((start + seconds for start, _, _, seconds in self.starts), default=0.0) + communication_s
 
-    def join(self, now: float, epoch: int = 0) -> None:
-        kept = [item for item in self.starts if item[0] < now]  # started: they run to the end
-        waiting = [seconds for start, _, seconds in self.starts if start >= now]
+    def first_item(self, slot: int) -> Optional[Tuple[float, float]]:
+        """(start, seconds) of the slot's first micro-batch, if it has one."""
+        mine = [(start, seconds) for start, s, _, seconds in self.starts if s == slot]
+        return min(mine) if mine else None
+
+    def _replan(self, now: float, kept, requeued: List[float], epoch: int) -> None:
+        waiting = [work for start, _, work, _ in self.starts if start >= now]  # not started: pulled anew
+        for start, slot, work, seconds in self.starts:
+            if start >= now and seconds > work:
+                self.stalls[slot] = seconds - work  # a stall not begun yet stays with its slot
+        self.starts, self.epoch = kept, epoch
+        self._assign(self._free(kept), requeued + waiting, now)
+
+    def join(self, now: float, epoch: int = 0, stall: float = 0.0) -> None:
+        """One more device at ``now`` (``stall``: its first micro-batch takes that much longer)."""
         self.devices += 1
         self.joined.append(now)
-        self.starts, self.epoch = kept, epoch
-        self._assign(self._free(kept), waiting, now)  # the joiner is free now
+        if stall:
+            self.stalls[self.devices - 1] = stall
+        self._replan(now, [item for item in self.starts if item[0] < now], [], epoch)
+
+    def expire(self, now: float, slot: int, epoch: int = 0) -> None:
+        """The slot's lease expired: its micro-batches, computed or running, are computed again by the others."""
+        self.dead.add(slot)
+        requeued = [work for _, s, work, _ in sorted(self.starts) if s == slot]
+        self.starts = [item for item in self.starts if item[1] != slot]
+        self._replan(now, [item for item in self.starts if item[0] < now], requeued, epoch)
 
     def add(self, now: float, items: List[float], epoch: int = 0) -> None:
         """Micro-batches that arrived at ``now``, queued behind every one already there."""
         self.epoch = epoch
         free = self._free(self.starts)
-        self.waited += sum(max(0.0, now - t) for t in free)  # out of work until now
+        self.waited += sum(max(0.0, now - t) for slot, t in enumerate(free) if slot not in self.dead)
         self._assign(free, items, now)
+
+
+@dataclass(frozen=True)
+class LeaseTick:
+    """Internal: ``device``'s lease in the step in progress times out now (unless the step was re-planned)."""
+
+    epoch: int
+    device: int
 
 
 @dataclass(frozen=True)
@@ -171,9 +208,17 @@ class Tick:
 
 class Simulator:
     def __init__(self, cluster: Cluster, policy: Any, costs: Any, max_events: int = 50_000_000,
-                 pull_samples: int = 0):
+                 pull_samples: int = 0, stalls: Optional[Dict[int, float]] = None, lease_timeout_s: float = 10.0):
         self.cluster, self.policy, self.costs, self.max_events = cluster, policy, costs, max_events
         self.pull_samples = pull_samples  # samples per pulled micro-batch (0: work divides continuously)
+        # fault injection: device -> seconds it hangs in its first micro-batch as a borrowed device; a lease
+        # whose micro-batch runs past ``lease_timeout_s`` expires (LeaseExpired), as in the live controller
+        self.stalls = dict(stalls or {})
+        if self.stalls and not pull_samples:
+            raise ValueError("stalled devices need pulled micro-batches (pull_samples)")
+        self.lease_timeout_s = lease_timeout_s
+        self.slots: Dict[int, int] = {}  # device -> its slot in the pulled step in progress
+        self.hung_until: Dict[int, float] = {}  # an expired device is busy until its stall ends
         self.heap: List[Tuple[float, int, Any]] = []
         self.seq = itertools.count()
         self.scheduled: set = set()  # (device, state) whose completion is already on the heap
@@ -204,6 +249,9 @@ class Simulator:
                 for chunk, groups in self.completed_groups(instance.finish_due(now)):
                     self.handle(ev.ChunkDone(event.device, chunk, groups), now)
                 self.dirty.add(event.device)
+            elif isinstance(event, LeaseTick):
+                if self.step is not None and event.epoch == self.step.epoch:
+                    self.expire_lease(event.device, now)
             elif isinstance(event, CloseTick):
                 if self.step is not None and event.epoch == self.step.epoch:
                     self.cluster.close_step()
@@ -228,6 +276,16 @@ class Simulator:
             self.costs.group_done(chunk, group)
             counts[chunk] = counts.get(chunk, 0) + 1
         return list(counts.items())
+
+    def expire_lease(self, device: int, now: float) -> None:
+        """A borrowed device overran its lease: its micro-batches go back to the queue, it leaves the step
+        (LeaseExpired), and it stays busy until its stall ends."""
+        slot = self.slots[device]
+        start, seconds = self.step.first_item(slot)
+        self.hung_until[device] = start + seconds
+        self.step.expire(now, slot, next(self.step_epochs))
+        self.handle(ev.LeaseExpired(device), now)
+        self.retime_step()
 
     def handle(self, event: Any, now: float) -> None:
         if isinstance(event, ev.SwitchDone):
@@ -260,6 +318,11 @@ class Simulator:
         epoch = next(self.step_epochs)
         if self.pull_samples:
             self.step = PulledStep(0.0, 0, len(action.devices), now, epoch)
+            self.slots = {device: slot for slot, device in enumerate(action.devices)}
+            for device in action.devices:
+                stall = self.stall_of(device)
+                if stall:
+                    self.step.stalls[self.slots[device]] = stall
             self.step.add(now, self.micro_batches(parts, len(action.devices), whole=not cluster.streaming), epoch)
         else:
             self.step = StepProgress(self.costs.train_work(parts), len(action.devices), now, epoch)
@@ -287,9 +350,19 @@ class Simulator:
             self.step.add(now, self.costs.train_work(parts), epoch)
         self.retime_step()
 
+    def stall_of(self, device: int) -> float:
+        """Seconds ``device`` hangs now (fault injection: once, as a borrowed device)."""
+        return self.stalls.pop(device, 0.0) if self.cluster.devices[device].lent else 0.0
+
     def retime_step(self) -> None:
-        """(Re-)schedule the step's close (the last micro-batch has started) and its finish -- only once
-        every group of its batch is in: a streamed step's devices wait for the groups still generating."""
+        """(Re-)schedule the step's lease timeouts, its close (the last micro-batch has started) and its
+        finish -- only once every group of its batch is in: a streamed step's devices wait for the groups
+        still generating."""
+        if self.pull_samples:
+            for device in self.cluster.training_devices:
+                first = self.step.first_item(self.slots[device]) if self.cluster.devices[device].lent else None
+                if first is not None and first[1] > self.lease_timeout_s:  # it overruns its lease
+                    self.push(first[0] + self.lease_timeout_s, LeaseTick(self.step.epoch, device))
         if self.cluster.streaming:
             return
         if self.pull_samples:
@@ -297,7 +370,11 @@ class Simulator:
         self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
-        self.step.join(now, next(self.step_epochs))
+        if self.pull_samples:
+            self.slots[action.device] = self.step.devices
+            self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device))
+        else:
+            self.step.join(now, next(self.step_epochs))
         self.retime_step()
         self.beside_training(now, self.cluster.training_devices)
 
@@ -337,6 +414,7 @@ class Simulator:
             if device.state is DeviceState.SWITCHING and key not in self.scheduled:
                 self.scheduled.add(key)
                 seconds = self.costs.switch(device.index, device.role.value)
+                seconds += max(0.0, self.hung_until.pop(device.index, now) - now)  # (an expired device still hangs)
                 if device.index in self.cluster.rehoming and device.role is Role.TRAIN:
                     seconds += self.costs.adopt(device.index)  # a new replica: the primary's training state
                 self.push(now + seconds, ev.SwitchDone(device.index, device.role))
