@@ -11,6 +11,7 @@
                                                            WeightsStaged | WeightsLoaded | RoleSwitched
         GradsComputed -> that device pulls the step's next micro-batch; when none is left and none
                          is being computed, FinishStep to every device of the step
+        (no reply before a borrowed device's lease runs out -> LeaseExpired)
         reply -> event (a train step or a weight publish is done when every member reported)
         cluster.complete(event); policy.decide(event, cluster) -> actions -> commands
     SaveCheckpoint to the primary; EvaluateSnapshots to device 0; Stop everyone; report
@@ -31,9 +32,14 @@ micro-batch is handed out the step accepts no more joiners (``Cluster.close_step
 computed every device of the step gets ``FinishStep``: one all-reduce over exactly those devices, then
 the home trainers' optimizer step.
 
-Streamed steps (eta 0, ``Cluster.streams``): the step starts on the groups of its batch already done;
+Streamed steps (``Cluster.stream_plan``): the step starts on the groups of its batch already done
+while those it must contain still generate (at eta 0 the rest of version k, at eta >= 1 the due tail);
 each chunk that finishes later is turned into micro-batches at once (``feed_stream``) and pulled by the
 step's devices, which wait meanwhile; ``FinishStep`` comes only once every group is in and computed.
+
+Leases expire: a borrowed device that has not answered its micro-batch within the lease timeout leaves
+the step (``LeaseExpired``); what it computed goes back to the queue and its late reply is discarded.
+The controller then waits for replies with a timeout (``lease_wait``) instead of blocking.
 """
 
 from __future__ import annotations
