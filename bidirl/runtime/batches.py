@@ -16,7 +16,7 @@
                     scales its gradient by the whole batch's token count, so the parts add up to the
                     batch gradient, and the primary trainer applies one optimizer step -> version k + 1
 
-A streamed step (eta 0) starts on the groups of its batch already done: :class:`StreamedBatch` turns
+A streamed step starts on the groups of its batch already done (``Cluster.stream_plan``): :class:`StreamedBatch` turns
 each later arrival into micro-batches at once (unnormalised sums), and the step's normaliser comes when
 the last group is in.
 
@@ -113,7 +113,7 @@ class RolloutData:
 
 
 class StreamedBatch:
-    """A streamed step's data (eta 0: the B groups of version k), built as its groups finish. Each
+    """A streamed step's data, built as its groups finish (``Cluster.stream_plan``). Each
     arrival's informative samples become micro-batches at once; the batch's token count is not known
     yet, so they are unnormalised sums (totals of 1), and ``close`` gives the normaliser the step's
     ``FinishStep`` applies: the same update as the whole batch's, up to the order of the sums."""

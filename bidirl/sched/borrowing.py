@@ -18,10 +18,10 @@ what an idle device may do:
                     and their samples are fresh). Trainer-on-RollPool: a rollout device idle because
                     admission blocks it joins the train step when the time saved, T/n - T/(n+k) for the
                     k blocked devices together (they switch in parallel), beats two switches plus the
-                    gradient transfer; the primary stays the only optimizer. At eta 0 a step streams:
-                    it starts on the groups of its batch already done while the rest generate, and
-                    rollout devices that have finished their share join it (``bidirl-nostream``
-                    waits for the whole batch, for the ablation).
+                    gradient transfer; the primary stays the only optimizer. Steps stream: a step
+                    starts on the groups of its batch already done while those it must contain still
+                    generate (at eta 0 the rest of version k, at eta >= 1 the due tail)
+                    (``bidirl-nostream`` waits for the whole batch, for the ablation).
 
 Cost/benefit uses :class:`~bidirl.sched.estimates.Estimates` from the policy's provider: the
 performance model (simulator) or measurements of the run itself (live).
@@ -189,7 +189,7 @@ class BidirlPolicy(VerlDynamicPolicy):
 
     @staticmethod
     def step_can_start(cluster: Cluster) -> bool:
-        """The next step may start now: its batch is ready, or (streamed, eta 0) part of it is done."""
+        """The next step may start now: its batch is ready, or (streamed) part of it is done."""
         return cluster.training is None and (cluster.batch_ready() or cluster.stream_ready())
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:

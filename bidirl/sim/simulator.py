@@ -18,7 +18,7 @@ adds its gradient return, and the step's finish is re-timed. With ``pull_samples
 runtime's micro-batch) the work comes in equal micro-batches that the step's devices pull one at a
 time (:class:`PulledStep`): a joiner takes only micro-batches nobody has started, and once the last
 one has started the step accepts no joiners (``Cluster.close_step``), as in the live controller.
-A streamed step (eta 0, ``Cluster.streams``) starts on the groups of its batch already done; each
+A streamed step (``Cluster.stream_plan``) starts on the groups of its batch already done; each
 group that finishes later adds its work (queued behind the rest), and the step is timed to its end
 only once every group is in -- until then its devices may run out of work and wait (``waited``,
 reported as the train pool's tail idle time).
