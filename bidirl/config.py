@@ -346,5 +346,7 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     if k > 1 and cfg.sim.profile:
         raise ConfigError(f"{source}: cluster.instance_devices={k} needs the analytic model: a profile (sim.profile) "
                           "measures one-device instances")
+    if cfg.launch.lease_timeout_s < 0:
+        raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")
     if cfg.cluster.replan_every < 0:
         raise ConfigError(f"{source}: key 'cluster.replan_every' must be 0 (never) or a number of steps")

@@ -97,3 +97,11 @@ def test_every_shipped_pipeline_loads_and_says_how_to_run_it(pipeline):
 
 def test_there_is_a_cpu_default_pipeline():
     assert any(p.name == "cpu-tiny.yaml" for p in PIPELINES)
+
+
+def test_a_negative_lease_timeout_is_one_clear_error():
+    from bidirl.config import load_config
+    from bidirl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="launch.lease_timeout_s"):
+        load_config(None, ["launch.lease_timeout_s=-1"])
