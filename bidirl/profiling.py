@@ -5,9 +5,11 @@ sampling settings (one thread, as each live device worker runs):
 
 * decode: batches of B sequences generated to a fixed length L (EOS ignored) for two lengths; the
   difference gives the time of one decode step at batch B and the mean context, the rest the prefill;
-* the task's own response lengths (a normal sampled rollout of one whole batch), kept as measured
-  groups that the simulator replays (with a log-normal fit beside them), and the share of samples
-  the trainer will train (groups whose rewards differ);
+* the task's own response lengths: a normal sampled rollout of the prompts the run itself will draw
+  first (the run's seeded sampler), ``LENGTH_BATCHES`` whole batches of them, kept as measured groups
+  that the simulator replays (with a log-normal fit beside them), and the share of samples the
+  trainer will train (groups whose rewards differ). Several batches, because one batch of a task
+  whose lengths spread 10x misjudged the mean by 14% (the live run drew other prompts);
 * training: one optimizer step on a quarter, a half and all of that batch, and a forward-only
   log-prob pass over the same parts (what recomputing old or reference log-probs costs);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
@@ -38,6 +40,7 @@ from bidirl.samples import Sample, SamplingParams
 
 REPEATS = 3  # each timing is the median of this many runs
 DECODE_REPEATS = 5  # decode steps come from a difference of two timings: more of them
+LENGTH_BATCHES = 4  # whole batches of the run's own first prompts whose response lengths are measured
 
 
 def median_time(work: Callable[[], Any], repeats: int = REPEATS) -> float:
@@ -96,7 +99,7 @@ def trainable(by_group: "Dict[int, List[Sample]]", std_normalize: bool) -> List[
 def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None] = lambda *a, **k: None) -> Profile:
     import torch
 
-    from bidirl.data import load_problems
+    from bidirl.data import PromptSampler, load_problems
     from bidirl.engines.build import build_rollout_engine, build_train_engine
     from bidirl.models.sources import prepare_model
     from bidirl.prompts import PromptBuilder
@@ -149,14 +152,16 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         prefill = fit_line(prefill_points, "tokens", "seconds", ("fixed_s", "per_token"))
         prefill.coefficients["per_token"] = max(0.0, prefill.coefficients["per_token"])
 
-        # the task's own response lengths, and samples to train on: one whole batch of the run, so the
-        # training points span the step the run will train (a fit extrapolated from small parts misleads)
+        # the task's own response lengths, on the prompts the run will draw first (its seeded sampler),
+        # and samples to train on: one whole batch of the run, so the training points span the step the
+        # run will train (a fit extrapolated from small parts misleads)
         groups = min(len(problems), batch_groups(cfg))
-        by_group = rollout_batch(cfg, rollout, problems[:groups])
+        drawn = PromptSampler(problems, cfg.seed).next(LENGTH_BATCHES * groups)
+        by_group = rollout_batch(cfg, rollout, drawn)
         workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
                                 statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens,
                                 [[s.reward for s in g] for g in by_group.values()])
-        samples = trainable(by_group, cfg.algorithm.std_normalize)
+        samples = trainable({i: by_group[i] for i in sorted(by_group)[:groups]}, cfg.algorithm.std_normalize)
         advance()
 
         # training: one optimizer step on increasing shares of the batch, and a forward-only log-prob pass
