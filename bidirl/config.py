@@ -126,7 +126,8 @@ class ClusterConfig:
     # devices between pools at a step boundary (0 = keep the starting partition); simulator and runtime
     replan_every: int = 0
     # devices per scheduling unit: a rollout instance tensor-parallel over k devices, a train group of k;
-    # a lease lends a whole unit (1, 2, 4 or 8; simulated and planned only: the CPU engines run one device each)
+    # a lease lends a whole unit (1, 2, 4 or 8; simulated and planned only: the CPU engines run one device
+    # each). 0 = let the planner choose the size with the split (analytic models; a live run gets 1)
     instance_devices: int = 1
 
 
@@ -337,10 +338,13 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
         if OmegaConf.select(node, key) < 1:
             raise ConfigError(f"{source}: key '{key}' must be at least 1")
     k = cfg.cluster.instance_devices
-    if k not in INSTANCE_SIZES:
-        raise ConfigError(f"{source}: key 'cluster.instance_devices' must be one of {', '.join(map(str, INSTANCE_SIZES))}; "
-                          f"got {k}")
-    if cfg.cluster.devices % k or cfg.cluster.rollout_devices % k:
+    if k not in (0, *INSTANCE_SIZES):
+        raise ConfigError(f"{source}: key 'cluster.instance_devices' must be one of {', '.join(map(str, INSTANCE_SIZES))} "
+                          f"or 0 (the planner chooses); got {k}")
+    if k == 0 and cfg.cluster.rollout_devices:
+        raise ConfigError(f"{source}: cluster.instance_devices=0 lets the planner choose the instance size with the "
+                          f"split, so cluster.rollout_devices must be 0 too (got {cfg.cluster.rollout_devices})")
+    if k and (cfg.cluster.devices % k or cfg.cluster.rollout_devices % k):
         raise ConfigError(f"{source}: cluster.devices={cfg.cluster.devices} and cluster.rollout_devices="
                           f"{cfg.cluster.rollout_devices} must be multiples of cluster.instance_devices={k}")
     if k > 1 and cfg.sim.profile:

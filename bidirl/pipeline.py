@@ -88,11 +88,12 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_simulate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    from bidirl.planner import planned_splits, replanners
+    from bidirl.planner import planned_configs, replanners
     from bidirl.sim.report import simulate_policies
 
     policies = list(cfg.sim.policies)
-    results = simulate_policies(cfg, policies, run.path, planned_splits(cfg, policies), replanners(cfg, policies))
+    planned = planned_configs(cfg, policies)
+    results = simulate_policies(cfg, policies, run.path, planned, replanners(cfg, policies, planned))
     state["summary"]["simulate"] = [r.row() for r in results]
 
 
@@ -112,7 +113,7 @@ def stage_profile(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     """Choose the partition for launch.mode; later stages run with it (cluster.rollout_devices)."""
-    from bidirl.planner import plan, print_plan, write_plan
+    from bidirl.planner import plan, planned_config, print_plan, write_plan
 
     try:
         result = plan(cfg)
@@ -120,10 +121,9 @@ def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
         raise BidirlError(f"plan: {exc}") from None
     path = write_plan(result, run.path)
     print_plan(result)
-    if result.rollout_devices:
-        state["cfg"] = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
-                                                                            rollout_devices=result.rollout_devices))
+    state["cfg"] = planned_config(cfg, result)
     state["summary"]["plan"] = {"file": str(path), "rollout_devices": result.rollout_devices,
+                                "instance_devices": result.instance_devices,
                                 "predicted_samples_per_s": result.predicted_samples_per_s, "reason": result.reason}
 
 

@@ -5,9 +5,12 @@ Scheduling-aware means the score of a split is the simulated throughput of *that
 staleness bound, its lending, its switches), not a balance of two averages: a policy that borrows
 devices at run time can prefer a different split than a static one.
 
-Search (pruned, not all n - 1 splits): candidates are simulated on a short horizon (``horizon``:
-``HORIZON`` steps, fewer for very large batches so a candidate costs at most ``SAMPLE_BUDGET``
-simulated samples). First a coarse grid of about ``GRID`` evenly spaced splits plus the analytic
+Search (pruned, not all n - 1 splits): candidates are simulated on a short horizon
+(:func:`horizon_steps`: about ``PLAN_SAMPLES`` simulated samples, at least ``HORIZON`` and at most
+``MAX_HORIZON`` steps, fewer for very large batches so a candidate costs at most ``SAMPLE_BUDGET``
+samples): a horizon in samples rather than steps, because a candidate's cost is its simulated samples
+and a small batch of long responses needs more steps before its tails settle the ranking (12 steps of
+128 reasoning prompts ranked 24/8 first where 60 steps over three seeds rank 27/5 first). First a coarse grid of about ``GRID`` evenly spaced splits plus the analytic
 balance point of the estimated stage times (``balanced_split``); then a bisection inside the bracket
 one grid step either side of the best grid point (throughput against split rises to one plateau and falls: each
 round simulates the midpoints on either side of the best so far and halves the bracket). Among
@@ -20,7 +23,11 @@ is the all-reduce's ring term, 2(n-1)/n, which grows by under 2% from 64 to 1024
 ``experiments/planner/quality.py`` checks the choice against exhaustive search.
 
 Coarse instances (``cluster.instance_devices: k``): only splits in whole instances are legal, the
-search runs over instances, and a rollout device holds 1/k of the weights (tensor parallel).
+search runs over instances, and a rollout device holds 1/k of the weights (tensor parallel). With
+``cluster.instance_devices: 0`` the planner also chooses k (:func:`plan_instance_sizes`): every size
+of 1, 2, 4, 8 that divides the cluster into at least two units and fits memory is planned as above, and
+the best wins; near-ties (``TIE``) go to the smallest, whose leases lend the finest grain. A profiled
+machine's devices run one-device instances, so there k is 1.
 
 Memory: a partition must fit -- the rollout engine's weights leaving at least 10% of HBM for a KV cache on
 every rollout device, and on every train device the training state (16 bytes per parameter) sharded over
@@ -42,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from bidirl.config import PipelineConfig
+from bidirl.config import INSTANCE_SIZES, PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.workload import Workload
@@ -53,7 +60,9 @@ from bidirl.sim.run import model_estimates, perf_model, sim_workload, simulate
 
 SCHEMA = "bidirl.plan/1"
 TIE = 0.005  # splits within 0.5% of the best score are equally good
-HORIZON = 12  # simulated steps per candidate (the planner's horizon; a run's own steps if fewer)
+HORIZON = 12  # simulated steps per candidate at least (a run's own steps if fewer)
+PLAN_SAMPLES = 49_152  # simulated samples per candidate aimed at (12 steps of 512 x 8): smaller batches get more steps
+MAX_HORIZON = 48
 SAMPLE_BUDGET = 250_000  # simulated samples per candidate at most: 1024-device plans stay under a minute
 MIN_HORIZON = 4
 GRID = 7  # coarse grid points before the bisection
@@ -131,13 +140,15 @@ def memory_advice(perf: Any, train_devices: int, longest_sequence: int, instance
             f"{memory['hbm'] / gb:.0f} GB")
 
 
-def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZON,
+def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[int] = None,
          workload: Optional[Workload] = None, check_memory: bool = True,
          driver: Optional[DriverCapabilities] = None) -> Plan:
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
-    the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run);
-    impossible settings are BidirlError."""
+    the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run), over ``horizon`` steps
+    (default :func:`horizon_steps`'); impossible settings are BidirlError."""
+    if not cfg.cluster.instance_devices:
+        return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
     legal = preflight(cfg, policy, check_memory)
@@ -177,11 +188,65 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: int = HORIZ
     return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
 
 
+def instance_sizes(cfg: PipelineConfig, policy: str) -> List[int]:
+    """The instance sizes the planner chooses from (``cluster.instance_devices: 0``): each of 1, 2, 4, 8
+    that divides the cluster into units enough for the policy (two pools, or one colocated); 1 alone on
+    a profiled machine, whose devices were measured one engine each."""
+    if cfg.sim.profile:
+        return [1]
+    units = 1 if policy in POLICIES and POLICIES[policy].synchronous else 2
+    return [k for k in INSTANCE_SIZES if cfg.cluster.devices % k == 0 and cfg.cluster.devices // k >= units] or [1]
+
+
+def with_instances(cfg: PipelineConfig, instance_devices: int) -> PipelineConfig:
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=instance_devices))
+
+
+def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Optional[int],
+                        workload: Optional[Workload], check_memory: bool,
+                        driver: Optional[DriverCapabilities]) -> Plan:
+    """The best split of each instance size (:func:`instance_sizes`), and the best of those; near-ties go
+    to the smallest size (a lease lends a whole instance: smaller ones absorb imbalance more finely). Sizes
+    that do not fit memory are skipped; if none fits, the largest size's error (its best case) is raised."""
+    start = time.perf_counter()
+    policy = policy or cfg.launch.mode
+    plans: List[Plan] = []
+    refused: Optional[BidirlError] = None
+    for k in instance_sizes(cfg, policy):
+        try:
+            plans.append(plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver))
+        except BidirlError as exc:  # this size does not fit (memory): the others may
+            refused = exc
+    if not plans:
+        raise refused or BidirlError(f"no instance size fits cluster.devices={cfg.cluster.devices}")
+    top = max(p.predicted_samples_per_s for p in plans)
+    chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
+    others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
+    sizes = ", ".join(f"{p.instance_devices}: {p.predicted_samples_per_s:.3g}" for p in plans)
+    reason = (f"instances of {chosen.instance_devices} device{'s' if chosen.instance_devices > 1 else ''} (best "
+              f"samples/s by instance size: {sizes}"
+              f"{'; within 0.5% of the best, the smallest size' if chosen.predicted_samples_per_s < top else ''}); "
+              f"{chosen.reason}")
+    return dataclasses.replace(chosen, alternatives=(chosen.alternatives[:3] + others)[:6], reason=reason,
+                               simulated_splits=sum(p.simulated_splits for p in plans),
+                               plan_seconds=round(time.perf_counter() - start, 2))
+
+
 def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:
     """The checks a plan can fail without simulating anything (one BidirlError line each); returns the
     splits that fit memory (empty for a colocated policy). Run before any output exists."""
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
+    if not cfg.cluster.instance_devices:  # the planner's choice: at least one size must pass
+        passed, refused = [], None
+        for k in instance_sizes(cfg, policy):
+            try:
+                passed.append(preflight(with_instances(cfg, k), policy, check_memory))
+            except BidirlError as exc:
+                refused = exc
+        if not passed:
+            raise refused
+        return [x for splits in passed for x in splits]
     devices, k, perf = cfg.cluster.devices, cfg.cluster.instance_devices, perf_model(cfg)
     workload = sim_workload(cfg)
     longest = workload.prompt_tokens + workload.cap  # one sequence never splits over micro-batches
@@ -202,11 +267,19 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     return legal
 
 
-def planning_config(cfg: PipelineConfig, horizon: int = HORIZON) -> PipelineConfig:
-    """``cfg`` cut to the planner's horizon: what every candidate split is simulated on."""
+def horizon_steps(cfg: PipelineConfig, horizon: Optional[int] = None) -> int:
+    """Steps each candidate is simulated for: ``horizon`` if given, else about ``PLAN_SAMPLES`` samples'
+    worth (``HORIZON`` to ``MAX_HORIZON`` steps); never more than the run's steps, nor more than
+    ``SAMPLE_BUDGET`` samples (but ``MIN_HORIZON`` steps at least)."""
     samples_per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
-    steps = max(1, min(cfg.train.steps, horizon, max(MIN_HORIZON, SAMPLE_BUDGET // samples_per_step)))
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+    if horizon is None:
+        horizon = min(MAX_HORIZON, max(HORIZON, PLAN_SAMPLES // samples_per_step))
+    return max(1, min(cfg.train.steps, horizon, max(MIN_HORIZON, SAMPLE_BUDGET // samples_per_step)))
+
+
+def planning_config(cfg: PipelineConfig, horizon: Optional[int] = None) -> PipelineConfig:
+    """``cfg`` cut to the planner's horizon: what every candidate split is simulated on."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=horizon_steps(cfg, horizon)))
 
 
 def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload: Optional[Workload] = None,
@@ -217,7 +290,7 @@ def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload
 
 
 def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: float,
-                     workload: Optional[Workload], horizon: int, driver: Optional[DriverCapabilities]) -> Plan:
+                     workload: Optional[Workload], horizon: Optional[int], driver: Optional[DriverCapabilities]) -> Plan:
     """Memory is checked on the full cluster (``legal``), not on the replica, whose pools are smaller."""
     devices, factor = cfg.cluster.devices, cfg.cluster.devices / REPLICA
     replica = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, devices=REPLICA), train=dataclasses.replace(
@@ -258,8 +331,8 @@ def search(legal: List[int], balance: int, score: Callable[[int], float]) -> int
 def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, steps: int, simulated: int,
           start: float) -> Plan:
     ranked = [chosen] + [c for c in ranked if c.rollout_devices != chosen.rollout_devices]
-    alternatives = [{"rollout_devices": c.rollout_devices, "samples_per_s": round(c.samples_per_s, 4),
-                     "step_s": round(c.step_s, 4)} for c in ranked[:5]]
+    alternatives = [{"rollout_devices": c.rollout_devices, "instance_devices": cfg.cluster.instance_devices,
+                     "samples_per_s": round(c.samples_per_s, 4), "step_s": round(c.step_s, 4)} for c in ranked[:5]]
     return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
                 round(chosen.samples_per_s, 4), chosen.time_breakdown, alternatives, reason, describe_model(cfg),
                 steps, simulated, round(time.perf_counter() - start, 2), cfg.cluster.instance_devices)
@@ -278,49 +351,65 @@ def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
     return choose
 
 
-def replanners(cfg: PipelineConfig, policies: List[str]) -> Dict[str, Callable[[float], int]]:
-    """For ``bidirl simulate``: with ``cluster.replan_every``, a replanner for each policy that has a partition."""
+def replanners(cfg: PipelineConfig, policies: List[str],
+               planned: Optional[Dict[str, PipelineConfig]] = None) -> Dict[str, Callable[[float], int]]:
+    """For ``bidirl simulate``: with ``cluster.replan_every``, a replanner for each policy that has a
+    partition, at the instance size it runs (``planned[policy]``'s, if given)."""
     if not cfg.cluster.replan_every:
         return {}
-    return {p: replanner(cfg, p) for p in policies if p in POLICIES and not POLICIES[p].synchronous}
+    planned = planned or {}
+    return {p: replanner(planned.get(p, cfg), p) for p in policies if p in POLICIES and not POLICIES[p].synchronous}
 
 
 def needs_planning(cfg: PipelineConfig, policy: str) -> bool:
-    """``cluster.rollout_devices: 0`` with a policy that has a partition on two or more devices."""
+    """``cluster.rollout_devices: 0`` with a policy that has a partition on two or more devices, or
+    ``cluster.instance_devices: 0``."""
+    if not cfg.cluster.instance_devices:
+        return True
     return not (cfg.cluster.rollout_devices or POLICIES[policy].synchronous or cfg.cluster.devices < 2)
 
 
 def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> PipelineConfig:
-    """``cluster.rollout_devices: 0`` means "ask the planner": the config with the planned split filled in
-    (unchanged for colocated policies and for a split the user chose)."""
+    """``cluster.rollout_devices: 0`` (and ``cluster.instance_devices: 0``) mean "ask the planner": the
+    config with the planned split (and instance size) filled in (unchanged for colocated policies and for
+    a split the user chose)."""
     policy = policy or cfg.launch.mode
     if not needs_planning(cfg, policy):
         return cfg
-    chosen = plan(cfg, policy).rollout_devices
-    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, rollout_devices=chosen))
+    return planned_config(cfg, plan(cfg, policy))
+
+
+def planned_config(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
+    """``cfg`` running ``result``'s split (a colocated plan leaves the configured one) and instance size."""
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, rollout_devices=result.rollout_devices or cfg.cluster.rollout_devices,
+        instance_devices=result.instance_devices))
 
 
 def live_partition(cfg: PipelineConfig) -> List[str]:
-    """For ``bidirl launch``: the override that fixes the planned split, or nothing. A live run is planned
-    on a profile of its own devices (``sim.profile``); without one, the policy's default split is used."""
+    """For ``bidirl launch``: the overrides that fix the planned split, or nothing. A live run is planned
+    on a profile of its own devices (``sim.profile``); without one, the policy's default split is used.
+    The live engines run one device each, so ``cluster.instance_devices: 0`` (the planner's choice) is 1."""
     from bidirl.ui import say
 
     if cfg.cluster.replan_every and not cfg.sim.profile and cfg.cluster.device_type == "cpu":
         raise BidirlError("cluster.replan_every on CPU devices needs a profile of them to plan with: run `bidirl "
                           "profile` and pass sim.profile=.../profile.json")
+    one_device = [] if cfg.cluster.instance_devices else ["cluster.instance_devices=1"]
+    cfg = cfg if cfg.cluster.instance_devices else with_instances(cfg, 1)
     if not needs_planning(cfg, cfg.launch.mode):
-        return []
+        return one_device
     if not cfg.sim.profile and cfg.cluster.device_type == "cpu":
         say("cluster.rollout_devices=0 and no sim.profile: the policy's default split (run `bidirl profile` and "
             "pass sim.profile=.../profile.json to let the planner choose)")
-        return []
+        return one_device
     try:
         chosen = plan(cfg, driver=cfg.live_driver()).rollout_devices  # scored as the live runtime will run it
     except (ValueError, RuntimeError) as exc:  # an impossible setting: one line, before any process starts
         raise BidirlError(f"plan: {exc}") from None
     say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "
         f"({describe_model(cfg)})")
-    return [f"cluster.rollout_devices={chosen}"]
+    return [*one_device, f"cluster.rollout_devices={chosen}"]
 
 
 def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
@@ -333,10 +422,11 @@ def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
     return model_estimates(cfg), describe_model(cfg)
 
 
-def planned_splits(cfg: PipelineConfig, policies: List[str]) -> Dict[str, int]:
-    """For ``bidirl simulate``: each policy's planned split when ``cluster.rollout_devices`` is 0."""
+def planned_configs(cfg: PipelineConfig, policies: List[str]) -> Dict[str, PipelineConfig]:
+    """For ``bidirl simulate``: each policy's config, with its planned split (and instance size) where
+    ``cluster.rollout_devices`` (``cluster.instance_devices``) is 0."""
     try:
-        return {p: resolve_partition(cfg, p).cluster.rollout_devices for p in policies}
+        return {p: resolve_partition(cfg, p) for p in policies}
     except (ValueError, RuntimeError) as exc:  # an impossible setting: the same line simulate would give
         raise BidirlError(f"simulate: {exc}") from None
 
@@ -350,12 +440,14 @@ def print_plan(result: Plan) -> None:
     out = Console(width=None if console.is_terminal else 140)
     table = Table(title=f"plan for '{result.policy}' on {result.devices} devices ({result.model}, "
                         f"{result.horizon_steps}-step horizon, {result.simulated_splits} splits simulated)")
-    for column in ("split r/t", "samples/s", "step s", ""):
+    for column in ("split r/t", "instance", "samples/s", "step s", ""):
         table.add_column(column, justify="right")
     for alt in result.alternatives:
-        chosen = alt["rollout_devices"] == result.rollout_devices
+        k = alt.get("instance_devices", result.instance_devices)
+        chosen = alt["rollout_devices"] == result.rollout_devices and k == result.instance_devices
         table.add_row(f"{alt['rollout_devices']}/{result.devices - alt['rollout_devices']}" if alt["rollout_devices"]
-                      else "colocated", f"{alt['samples_per_s']:.3f}", f"{alt['step_s']:.3f}", "chosen" if chosen else "")
+                      else "colocated", f"{k} device{'s' if k > 1 else ''}", f"{alt['samples_per_s']:.3f}",
+                      f"{alt['step_s']:.3f}", "chosen" if chosen else "")
     out.print(table)
     out.print(result.reason)
 
@@ -388,7 +480,10 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
         raise BidirlError(f"{path}: planned for {data['devices']} devices ({data['rollout_devices']} rollout) but the "
                           f"pipeline has cluster.devices={cfg.cluster.devices}; plan again with `bidirl plan`")
     k = data.get("instance_devices", 1)
-    if k != cfg.cluster.instance_devices:
+    if isinstance(k, bool) or k not in INSTANCE_SIZES:
+        raise BidirlError(f"{path}: key 'instance_devices' must be one of {', '.join(map(str, INSTANCE_SIZES))}; "
+                          "plan again with `bidirl plan`")
+    if cfg.cluster.instance_devices and k != cfg.cluster.instance_devices:  # 0: the planner's choice, any size
         raise BidirlError(f"{path}: planned for instances of {k} devices but the pipeline has "
                           f"cluster.instance_devices={cfg.cluster.instance_devices}; plan again with `bidirl plan`")
     return Plan(**{n: data[n] for n in names if n != "instance_devices"}, instance_devices=k)

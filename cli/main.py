@@ -126,13 +126,14 @@ def simulate(
         from bidirl.rundir import RunDir
         from bidirl.sim.report import check_policies, print_table, run_policies, write_outputs
 
-        from bidirl.planner import planned_splits, replanners
+        from bidirl.planner import planned_configs, replanners
 
         cfg = _config(pipeline, overrides)
         names = [p.strip() for p in policies.split(",")] if policies else list(cfg.sim.policies)
         check_policies(names)
-        splits = planned_splits(cfg, names)  # cluster.rollout_devices=0: each policy at the planner's split
-        results = run_policies(cfg, names, splits, replanners(cfg, names))  # before any output exists: bad input leaves nothing behind
+        planned = planned_configs(cfg, names)  # cluster.rollout_devices=0: each policy at the planner's split
+        # before any output exists: bad input leaves nothing behind
+        results = run_policies(cfg, names, planned, replanners(cfg, names, planned))
         print_table(cfg, results)
         run = RunDir(cfg)
         write_outputs(results, run.path)

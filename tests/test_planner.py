@@ -179,7 +179,8 @@ def test_the_planner_splits_in_whole_instances_and_tensor_parallel_instances_hol
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["cluster.instance_devices=3"], "key 'cluster.instance_devices' must be one of 1, 2, 4, 8"),
+    (["cluster.instance_devices=3"], "key 'cluster.instance_devices' must be one of 1, 2, 4, 8 or 0"),
+    (["cluster.instance_devices=0", "cluster.rollout_devices=4"], "cluster.rollout_devices must be 0 too"),
     (["cluster.devices=6", "cluster.instance_devices=4"], "must be multiples of cluster.instance_devices=4"),
     (["cluster.instance_devices=2", "sim.profile=p.json"], "needs the analytic model"),
 ])
@@ -238,12 +239,68 @@ def test_plan_with_a_missing_profile_is_one_line_and_leaves_no_run_directory(tmp
 
 
 def test_simulate_asks_the_planner_for_each_policys_split_when_none_is_given(tmp_path):
-    from bidirl.planner import planned_splits
+    from bidirl.planner import planned_configs
 
-    splits = planned_splits(small("cluster.rollout_devices=0"), ["verl", "areal", "bidirl"])
+    splits = {p: c.cluster.rollout_devices
+              for p, c in planned_configs(small("cluster.rollout_devices=0"), ["verl", "areal", "bidirl"]).items()}
     assert splits["verl"] == 0 and 0 < splits["areal"] < 8 and 0 < splits["bidirl"] < 8
-    fixed = planned_splits(small("cluster.rollout_devices=3"), ["areal"])
-    assert fixed == {"areal": 3}
+    fixed = planned_configs(small("cluster.rollout_devices=3"), ["areal"])
+    assert fixed["areal"].cluster.rollout_devices == 3
+
+
+def test_asked_to_choose_the_instance_size_the_planner_plans_each_size_and_keeps_the_best():
+    from bidirl.planner import instance_sizes, planned_configs
+
+    cfg = small("sim.workload=math", "cluster.devices=16", "cluster.instance_devices=0")
+    assert instance_sizes(cfg, "areal") == [1, 2, 4, 8] and instance_sizes(cfg, "verl") == [1, 2, 4, 8]
+    chosen = plan(cfg, "areal", horizon=6)
+    each = {k: plan(small("sim.workload=math", "cluster.devices=16", f"cluster.instance_devices={k}"), "areal",
+                    horizon=6).predicted_samples_per_s for k in (1, 2, 4, 8)}
+    assert chosen.predicted_samples_per_s == max(each.values())  # no near-tie here: the best size wins outright
+    assert chosen.instance_devices == max(each, key=each.get) and chosen.rollout_devices % chosen.instance_devices == 0
+    assert f"instances of {chosen.instance_devices} device" in chosen.reason and "by instance size" in chosen.reason
+    assert {a["instance_devices"] for a in chosen.alternatives} > {chosen.instance_devices}  # other sizes listed
+    # bidirl simulate: each policy runs at its own planned size, and the table says which
+    planned = planned_configs(cfg, ["areal", "verl"])
+    assert all(c.cluster.instance_devices in (1, 2, 4, 8) for c in planned.values())
+    result = simulate(planned["areal"], "areal", with_bound=False)
+    assert result.instance_devices == planned["areal"].cluster.instance_devices
+    assert result.split.endswith("" if result.instance_devices == 1 else f"k={result.instance_devices}")
+
+
+def test_an_instance_size_that_does_not_fit_memory_is_skipped_and_when_none_fits_the_error_says_why(tmp_path):
+    # a 70B shape: one device's share of its bf16 weights (141 GB) leaves an H100 no KV cache; two's does
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+         "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256}))
+    cfg = small(f"sim.model={tmp_path}", "cluster.devices=64", "cluster.instance_devices=0", "train.steps=4")
+    result = plan(cfg, "areal", horizon=4)
+    assert result.instance_devices > 1 and all(a["instance_devices"] > 1 for a in result.alternatives)
+    with pytest.raises(BidirlError, match="does not fit in H100 memory on any partition of 16 devices"):
+        plan(small(f"sim.model={tmp_path}", "cluster.devices=16", "cluster.instance_devices=0"), "areal", horizon=4)
+
+
+def test_a_live_launch_and_a_profiled_machine_choose_one_device_instances():
+    from bidirl.planner import instance_sizes, live_partition
+
+    profiled = small("cluster.instance_devices=0")
+    profiled.sim.profile = "profile.json"  # (never read: a profile measures one-device instances)
+    assert instance_sizes(profiled, "areal") == [1]
+    cpu = load_config("pipelines/cpu-tiny.yaml", ["cluster.devices=2", "launch.mode=async",
+                                                  "cluster.instance_devices=0"])
+    assert live_partition(cpu) == ["cluster.instance_devices=1"]  # no profile: the policy's default split
+
+
+def test_the_planning_horizon_is_counted_in_samples_so_small_batches_of_long_responses_simulate_more_steps():
+    from bidirl.planner import HORIZON, MAX_HORIZON, horizon_steps
+
+    def steps(prompts, run_steps=60):
+        return horizon_steps(small(f"train.prompts_per_step={prompts}", "rollout.group_size=8",
+                                   f"train.steps={run_steps}"))
+
+    assert steps(512) == HORIZON and steps(256) == 2 * HORIZON and steps(128) == MAX_HORIZON == 4 * HORIZON
+    assert steps(128, run_steps=20) == 20 and steps(16) == MAX_HORIZON  # never past the run, nor MAX_HORIZON
+    assert horizon_steps(small(), horizon=6) == 6  # an explicit horizon is kept
 
 
 TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",

@@ -15,9 +15,9 @@ from bidirl.ui import console, say
 
 
 def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path,
-                      splits: Optional[Dict[str, int]] = None,
+                      planned: Optional[Dict[str, PipelineConfig]] = None,
                       replanners: Optional[Dict[str, Callable[[float], int]]] = None) -> List[SimResult]:
-    results = run_policies(cfg, policies, splits, replanners)
+    results = run_policies(cfg, policies, planned, replanners)
     print_table(cfg, results)
     write_outputs(results, out)
     return results
@@ -29,15 +29,16 @@ def check_policies(policies: Sequence[str]) -> None:
         raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(policy_names())})")
 
 
-def run_policies(cfg: PipelineConfig, policies: Sequence[str], splits: Optional[Dict[str, int]] = None,
+def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional[Dict[str, PipelineConfig]] = None,
                  replanners: Optional[Dict[str, Callable[[float], int]]] = None) -> List[SimResult]:
-    """Every policy on the configured cluster, each at ``splits[policy]`` rollout devices if given (the
-    planner's), else at the configured split, and re-planned every ``cluster.replan_every`` steps by
-    ``replanners[policy]`` if given; a bad policy name or split is one BidirlError."""
+    """Every policy on the configured cluster, each as ``planned[policy]`` if given (the config with the
+    planner's split and instance size filled in), else as configured, and re-planned every
+    ``cluster.replan_every`` steps by ``replanners[policy]`` if given; a bad policy name or split is one
+    BidirlError."""
     check_policies(policies)
-    splits, replanners = splits or {}, replanners or {}
+    planned, replanners = planned or {}, replanners or {}
     try:
-        results = [simulate(cfg, name, rollout_devices=splits.get(name) or None, keep_trace=cfg.sim.gantt,
+        results = [simulate(planned.get(name, cfg), name, keep_trace=cfg.sim.gantt,
                             replan=replanners.get(name), replan_every=cfg.cluster.replan_every)
                    for name in policies]
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
@@ -59,7 +60,7 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
         table.add_column(column, justify="right")
     base = results[0].samples_per_s
     for r in results:
-        table.add_row(r.policy, f"{r.rollout_devices}/{r.devices - r.rollout_devices}", f"{r.eta:g}",
+        table.add_row(r.policy, r.split, f"{r.eta:g}",
                       f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
                       f"{r.bound_step_s:.2f}", f"{r.efficiency:.2f}", breakdown_cell(r.time_breakdown.get("rollout")),
                       breakdown_cell(r.time_breakdown.get("train")), str(r.switches),

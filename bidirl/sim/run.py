@@ -44,6 +44,13 @@ class SimResult:
     sim_seconds: float
     cluster: Optional[Cluster] = field(default=None, repr=False)
     steady_step_s: float = 0.0  # mean step after the first few (sched.trace.steady_step_s)
+    instance_devices: int = 1  # devices per rollout instance / train group
+
+    @property
+    def split(self) -> str:
+        """``rollout/train`` devices, and the instance size where it is not one device."""
+        k = f" k={self.instance_devices}" if self.instance_devices > 1 else ""
+        return f"{self.rollout_devices}/{self.devices - self.rollout_devices}{k}"
 
     @property
     def efficiency(self) -> float:
@@ -51,7 +58,7 @@ class SimResult:
         return self.bound_step_s / self.step_s if self.step_s else 0.0
 
     def row(self) -> Dict[str, Any]:
-        return {"policy": self.policy, "eta": self.eta, "split": f"{self.rollout_devices}/{self.devices - self.rollout_devices}",
+        return {"policy": self.policy, "eta": self.eta, "split": self.split, "instance_devices": self.instance_devices,
                 "samples_per_s": round(self.samples_per_s, 3), "tokens_per_s": round(self.tokens_per_s, 1),
                 "step_s": round(self.step_s, 3), "bound_step_s": round(self.bound_step_s, 3),
                 "efficiency": round(self.efficiency, 3), "idle_ratio": self.idle_ratio,
@@ -77,15 +84,23 @@ def perf_model(cfg: PipelineConfig) -> PerformanceModel:
                      with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob, load_s=sim.load_s)
 
 
+def instance_size(cfg: PipelineConfig) -> int:
+    """``cluster.instance_devices``, which must have been chosen by now (0 asks the planner to choose it)."""
+    if not cfg.cluster.instance_devices:
+        raise ValueError("cluster.instance_devices=0 (the planner's choice) must be planned before simulating: "
+                         "bidirl.planner.resolve_partition")
+    return cfg.cluster.instance_devices
+
+
 def unit_model(cfg: PipelineConfig) -> PerformanceModel:
     """The performance model of one scheduling unit: a device, or an instance of ``cluster.instance_devices``."""
-    k = cfg.cluster.instance_devices
+    k = instance_size(cfg)
     return perf_model(cfg) if k == 1 else InstanceModel(perf_model(cfg), k)
 
 
 def unit_shape(cfg: PipelineConfig) -> RunShape:
     """The run's shape in scheduling units (devices when ``cluster.instance_devices`` is 1)."""
-    shape, k = cfg.run_shape(), cfg.cluster.instance_devices
+    shape, k = cfg.run_shape(), instance_size(cfg)
     return dataclasses.replace(shape, devices=shape.devices // k, rollout_devices=shape.rollout_devices // k)
 
 
@@ -161,7 +176,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
-                     cluster if keep_trace else None, steady_step_s(cluster.version_times))
+                     cluster if keep_trace else None, steady_step_s(cluster.version_times), k)
 
 
 _BOUNDS: Dict[tuple, float] = {}

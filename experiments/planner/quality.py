@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/planner/quality.py [processes]    # quality table (~15 min on 2 cores)
     .venv/bin/python experiments/planner/quality.py --speed        # one 32-device and one 1024-device plan
+    .venv/bin/python experiments/planner/quality.py --instances    # instance size and split chosen together
 
 Quality. For every row of the results table (``experiments/sim_validation/sweep.py``'s settings: 32
 H100s, 7B, gsm8k/math/reasoning x eta 0/1/2/4, chunk 8) and every policy that has a partition, the
@@ -9,6 +10,10 @@ planner's split (``bidirl.planner.plan``: a pruned search on a short horizon) is
 exhaustive best: all 31 splits scored on the planner's own objective (its horizon, seed 0). Both
 splits are then re-scored independently of that objective -- 60 steps, mean of 3 seeds -- and the
 ratio of the planner's split to the exhaustive split is the figure the issue asks for (>= 0.98).
+
+Instances (``--instances``): with ``cluster.instance_devices=0`` the planner chooses the instance size
+(1, 2, 4 or 8 devices) with the split; compared, at eta 1 for ``areal`` and ``bidirl``, with the
+exhaustive best over every (size, split) pair on the planner's objective, both re-scored as above.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from multiprocessing import Pool
 from typing import List
 
 from bidirl.config import load_config
-from bidirl.planner import HORIZON, plan
+from bidirl.planner import plan, planning_config
 from bidirl.sim.run import simulate
 
 WORKLOADS = {"gsm8k": ["train.prompts_per_step=512", "rollout.group_size=8"],
@@ -49,13 +54,37 @@ def cell(args) -> str:
     start = time.perf_counter()
     chosen = plan(config(workload, eta, policy)).rollout_devices
     plan_s = time.perf_counter() - start
-    short = config(workload, eta, policy, steps=HORIZON)
+    short = planning_config(config(workload, eta, policy))  # the planner's own objective: its horizon
     scores = {x: simulate(short, policy, rollout_devices=x, with_bound=False).samples_per_s for x in range(1, DEVICES)}
     exhaustive = max(scores, key=scores.get)
     planned, best = seed_mean(workload, eta, policy, chosen), seed_mean(workload, eta, policy, exhaustive)
     ratio = planned / best
     return (f"| {workload} | {eta} | {policy} | {chosen}/{DEVICES - chosen} | {exhaustive}/{DEVICES - exhaustive} | "
             f"{planned:.2f} | {best:.2f} | {ratio:.3f}{'' if ratio >= 0.98 else ' **miss**'} | {plan_s:.1f} |")
+
+
+def sized_mean(workload, eta, policy, k, split) -> float:
+    return statistics.mean(simulate(config(workload, eta, policy, seed=s, extra=[f"cluster.instance_devices={k}"]),
+                                    policy, rollout_devices=split, with_bound=False).samples_per_s for s in SEEDS)
+
+
+def instance_cell(args) -> str:
+    workload, eta, policy = args
+    start = time.perf_counter()
+    chosen = plan(config(workload, eta, policy, extra=["cluster.instance_devices=0"]))
+    plan_s = time.perf_counter() - start
+    scores = {}
+    for k in (1, 2, 4, 8):
+        short = planning_config(config(workload, eta, policy, extra=[f"cluster.instance_devices={k}"]))
+        for x in range(k, DEVICES, k):
+            scores[k, x] = simulate(short, policy, rollout_devices=x, with_bound=False).samples_per_s
+    k, x = max(scores, key=scores.get)
+    planned = sized_mean(workload, eta, policy, chosen.instance_devices, chosen.rollout_devices)
+    best = sized_mean(workload, eta, policy, k, x)
+    ratio = planned / best
+    return (f"| {workload} | {eta} | {policy} | {chosen.rollout_devices}/{DEVICES - chosen.rollout_devices} "
+            f"k={chosen.instance_devices} | {x}/{DEVICES - x} k={k} | {planned:.2f} | {best:.2f} | "
+            f"{ratio:.3f}{'' if ratio >= 0.98 else ' **miss**'} | {plan_s:.1f} |")
 
 
 def speed() -> None:
@@ -73,13 +102,18 @@ def main(argv: List[str]) -> None:
     if "--speed" in argv:
         speed()
         return
+    sizes = "--instances" in argv
+    argv = [a for a in argv if a != "--instances"]
     processes = int(argv[0]) if argv else 2
     print("| workload | eta | policy | planner split | exhaustive split | planner samples/s | exhaustive samples/s | "
           "ratio | plan s |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
-    jobs = [(w, eta, p) for w in WORKLOADS for eta in (0, 1, 2, 4) for p in POLICIES]
+    if sizes:
+        jobs, work = [(w, 1, p) for w in WORKLOADS for p in ("areal", "bidirl")], instance_cell
+    else:
+        jobs, work = [(w, eta, p) for w in WORKLOADS for eta in (0, 1, 2, 4) for p in POLICIES], cell
     with Pool(processes) as pool:
-        for line in pool.imap(cell, jobs):
+        for line in pool.imap(work, jobs):
             print(line, flush=True)
 
 
