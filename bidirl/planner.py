@@ -10,8 +10,8 @@ Search (pruned, not all n - 1 splits): candidates are simulated on a short horiz
 ``MAX_HORIZON`` steps, fewer for very large batches so a candidate costs at most ``SAMPLE_BUDGET``
 samples): a horizon in samples rather than steps, because a candidate's cost is its simulated samples
 and a small batch of long responses needs more steps before its tails settle the ranking (12 steps of
-128 reasoning prompts ranked 24/8 first where 60 steps over three seeds rank 27/5 first). First a coarse grid of about ``GRID`` evenly spaced splits plus the analytic
-balance point of the estimated stage times (``balanced_split``); then a bisection inside the bracket
+128 reasoning prompts ranked 24/8 first where 60 steps over three seeds rank 27/5 first). First a
+coarse grid of about ``GRID`` evenly spaced splits plus the analytic balance point of the estimated stage times (``balanced_split``); then a bisection inside the bracket
 one grid step either side of the best grid point (throughput against split rises to one plateau and falls: each
 round simulates the midpoints on either side of the best so far and halves the bracket). Among
 splits within ``TIE`` of the best score the one closest to the balance point wins: its residual
@@ -146,7 +146,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
     the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run), over ``horizon`` steps
-    (default :func:`horizon_steps`'); impossible settings are BidirlError."""
+    (default :func:`horizon_steps`); impossible settings are BidirlError."""
     if not cfg.cluster.instance_devices:
         return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     start = time.perf_counter()
@@ -198,6 +198,21 @@ def instance_sizes(cfg: PipelineConfig, policy: str) -> List[int]:
     return [k for k in INSTANCE_SIZES if cfg.cluster.devices % k == 0 and cfg.cluster.devices // k >= units] or [1]
 
 
+def fitting_sizes(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:
+    """The sizes of :func:`instance_sizes` that pass :func:`preflight` (memory); if none does, the largest
+    size's error -- its best case, with the fewest weights per rollout device."""
+    fitting, refused = [], None
+    for k in instance_sizes(cfg, policy):
+        try:
+            preflight(with_instances(cfg, k), policy, check_memory)
+            fitting.append(k)
+        except BidirlError as exc:
+            refused = exc
+    if not fitting:
+        raise refused
+    return fitting
+
+
 def with_instances(cfg: PipelineConfig, instance_devices: int) -> PipelineConfig:
     return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=instance_devices))
 
@@ -205,20 +220,13 @@ def with_instances(cfg: PipelineConfig, instance_devices: int) -> PipelineConfig
 def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Optional[int],
                         workload: Optional[Workload], check_memory: bool,
                         driver: Optional[DriverCapabilities]) -> Plan:
-    """The best split of each instance size (:func:`instance_sizes`), and the best of those; near-ties go
-    to the smallest size (a lease lends a whole instance: smaller ones absorb imbalance more finely). Sizes
-    that do not fit memory are skipped; if none fits, the largest size's error (its best case) is raised."""
+    """The best split of each instance size that fits (:func:`fitting_sizes`), and the best of those;
+    near-ties go to the smallest size (a lease lends a whole instance: smaller ones absorb imbalance more
+    finely)."""
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
-    plans: List[Plan] = []
-    refused: Optional[BidirlError] = None
-    for k in instance_sizes(cfg, policy):
-        try:
-            plans.append(plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver))
-        except BidirlError as exc:  # this size does not fit (memory): the others may
-            refused = exc
-    if not plans:
-        raise refused or BidirlError(f"no instance size fits cluster.devices={cfg.cluster.devices}")
+    plans = [plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver)
+             for k in fitting_sizes(cfg, policy, check_memory)]
     top = max(p.predicted_samples_per_s for p in plans)
     chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
     others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
@@ -234,19 +242,13 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
 
 def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:
     """The checks a plan can fail without simulating anything (one BidirlError line each); returns the
-    splits that fit memory (empty for a colocated policy). Run before any output exists."""
+    splits that fit memory (empty for a colocated policy, and when the planner chooses the instance size:
+    then some size must fit). Run before any output exists."""
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
     if not cfg.cluster.instance_devices:  # the planner's choice: at least one size must pass
-        passed, refused = [], None
-        for k in instance_sizes(cfg, policy):
-            try:
-                passed.append(preflight(with_instances(cfg, k), policy, check_memory))
-            except BidirlError as exc:
-                refused = exc
-        if not passed:
-            raise refused
-        return [x for splits in passed for x in splits]
+        fitting_sizes(cfg, policy, check_memory)
+        return []
     devices, k, perf = cfg.cluster.devices, cfg.cluster.instance_devices, perf_model(cfg)
     workload = sim_workload(cfg)
     longest = workload.prompt_tokens + workload.cap  # one sequence never splits over micro-batches

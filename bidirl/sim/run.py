@@ -140,7 +140,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     flight per device, loads at the chunk's end, mid-step joins in whole micro-batches. ``rollout_devices`` counts devices
     (a multiple of ``cluster.instance_devices``), and so does the result."""
     start = time.perf_counter()
-    k = cfg.cluster.instance_devices
+    k = instance_size(cfg)
     perf, workload = unit_model(cfg), workload or sim_workload(cfg)
     shape = unit_shape(cfg)
     if eta is not None:
@@ -185,7 +185,7 @@ _BOUNDS: Dict[tuple, float] = {}
 def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float) -> float:
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
     comparison shares it)."""
-    units = cfg.cluster.devices // cfg.cluster.instance_devices
+    units = cfg.cluster.devices // instance_size(cfg)
     key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps,
            units, cfg.seed, eta)
     if key not in _BOUNDS:
@@ -196,6 +196,6 @@ def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float) -> float
 
 def best_static_split(cfg: PipelineConfig, eta: float) -> SimResult:
     """The `areal` policy with its split chosen by search over every split (a tuned static baseline)."""
-    k = cfg.cluster.instance_devices
+    k = instance_size(cfg)
     results = [simulate(cfg, "areal", eta, x) for x in range(k, cfg.cluster.devices, k)]
     return max(results, key=lambda r: r.samples_per_s)
