@@ -33,3 +33,21 @@ class Sample:
     reward: float = 0.0
     advantage: float = 0.0
     extra: Dict[str, Any] = field(default_factory=dict)
+    # the version behind each completion token, where they differ: a request stopped mid-generation and
+    # resumed on another engine (migrated) holds tokens of two versions, and ``version`` is its oldest
+    # (staleness counts the oldest token). Empty: every token is ``version``'s.
+    token_versions: List[int] = field(default_factory=list)
+
+    def versions(self) -> List[int]:
+        """The version behind each completion token."""
+        return list(self.token_versions) or [self.version] * len(self.completion_ids)
+
+    def continued(self, ids: List[int], logprobs: List[float], version: int, finished: bool, text: str) -> "Sample":
+        """This unfinished sample with ``ids`` generated after it by ``version``'s weights (a resumed
+        request): its own tokens and behaviour log-probs unchanged, the new ones appended."""
+        assert len(ids) == len(logprobs), "one behaviour log-prob per generated token"
+        versions = self.versions() + [version] * len(ids)
+        return Sample(self.prompt_index, list(self.prompt_ids), list(self.completion_ids) + list(ids), text,
+                      list(self.logprobs) + list(logprobs), min(versions, default=version), finished,
+                      self.reward, self.advantage, dict(self.extra),
+                      versions if len(set(versions)) > 1 else [])

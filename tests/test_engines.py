@@ -166,3 +166,33 @@ def test_a_paused_engine_starts_no_new_generation_until_resumed(model_dir):
     engine.resume()
     assert done.wait(600)  # a hang guard, not a speed limit
     worker.join()
+
+
+@pytest.mark.parametrize("source_name,target_name", [("hf", "vllm"), ("vllm", "hf"), ("hf", "hf")])
+def test_a_request_stopped_mid_generation_resumes_on_another_engine_intact(model_dir, vllm_engine, source_name,
+                                                                            target_name):
+    """In-flight migration's data plane: tokens and behaviour log-probs so far unchanged, nothing lost or
+    generated twice, each new token with the version of the engine that generated it."""
+    if "vllm" in (source_name, target_name) and not HAS_VLLM:
+        pytest.skip("vLLM not installed")
+    trainer = TorchTrainEngine(model_dir, small_config())
+    engines = {"hf": lambda: HFRolloutEngine(model_dir), "vllm": lambda: vllm_engine}
+    source, target = engines[source_name](), engines[target_name]()
+    source.update_weights(trainer.state_dict(), 3)
+    target.update_weights(trainer.state_dict(), 4)  # the same weights, published as a newer version
+    stopped = source.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=3, ignore_eos=True))
+    assert all(len(s.completion_ids) == 3 and not s.finished for s in stopped)
+    resumed = target.continue_samples(stopped, SamplingParams(n=2, max_new_tokens=9))
+    assert len(resumed) == len(stopped)  # nothing lost, one continuation each, in order
+    for before, after in zip(stopped, resumed):
+        assert after.prompt_index == before.prompt_index and after.prompt_ids == before.prompt_ids
+        assert after.completion_ids[:3] == before.completion_ids and after.logprobs[:3] == before.logprobs
+        assert 3 < len(after.completion_ids) <= 9 and len(after.logprobs) == len(after.completion_ids)
+        assert after.versions() == [3] * 3 + [4] * (len(after.completion_ids) - 3)
+        assert after.version == 3  # staleness counts the oldest token
+        assert after.finished == (after.completion_ids[-1] == target.tokenizer.eos_token_id)
+    # every token's behaviour log-prob is the policy's own (nothing generated twice: the trainer scores the
+    # very sequence the engines produced, token by token)
+    assert mean_abs_logprob_gap(trainer, resumed) < 1e-4
+    # a finished sample, or one already at its budget, is returned as it was
+    assert target.continue_samples(resumed, SamplingParams(max_new_tokens=9)) == resumed

@@ -8,8 +8,9 @@ between generate calls (chunks of ``max_batch`` sequences).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from bidirl.engines.protocols import PauseGate
 from bidirl.samples import Sample, SamplingParams
@@ -41,27 +42,32 @@ class HFRolloutEngine(PauseGate):
         return samples
 
     def _generate_chunk(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
+        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        new_tokens, logp = self._sample_tokens(enc["input_ids"], enc["attention_mask"], params)
+        prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+        return [self._sample(i // params.n, prompt_ids[i // params.n], new_tokens[i], logp[i])
+                for i in range(new_tokens.shape[0])]
+
+    def _sample_tokens(self, input_ids: Any, attention_mask: Any, params: SamplingParams) -> Tuple[Any, Any]:
+        """Sampled continuations of left-padded ``input_ids`` ([B*n, steps] tokens) and each token's
+        behaviour log-prob under ``softmax(logits / T)``."""
         torch = self.torch
         self._calls += 1
         torch.manual_seed((params.seed if params.seed is not None else self._seed) * 1_000_003 + self._calls)
-        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
         greedy = params.temperature <= 0
         with torch.no_grad():
             out = self.model.generate(
-                **enc, max_new_tokens=params.max_new_tokens, do_sample=not greedy,
-                min_new_tokens=params.max_new_tokens if params.ignore_eos else None,
+                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=params.max_new_tokens,
+                do_sample=not greedy, min_new_tokens=params.max_new_tokens if params.ignore_eos else None,
                 temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
                 top_k=None, num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
             )
-        new_tokens = out.sequences[:, enc["input_ids"].shape[1] :]
+        new_tokens = out.sequences[:, input_ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, vocab]
         if not greedy and params.temperature != 1.0:
             logits = logits / params.temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
-        return [self._sample(i // params.n, prompt_ids[i // params.n], new_tokens[i], logp[i])
-                for i in range(new_tokens.shape[0])]
+        return new_tokens, torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
 
     def _sample(self, prompt_index: int, prompt_ids: List[int], tokens: Any, logp: Any) -> Sample:
         eos = self.tokenizer.eos_token_id
@@ -71,6 +77,32 @@ class HFRolloutEngine(PauseGate):
         completion = ids[:length]
         text = self.tokenizer.decode(completion, skip_special_tokens=True)
         return Sample(prompt_index, prompt_ids, completion, text, logp[:length].tolist(), self.version, finished)
+
+    def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
+        """Left-padded prefixes, generated to the longest remaining budget; each continuation is then cut
+        to its own (a token past a request's budget would never have been sampled for it)."""
+        torch = self.torch
+        todo = [s for s in partial if not s.finished and len(s.completion_ids) < params.max_new_tokens]
+        resumed = {}
+        for start in range(0, len(todo), self.max_batch):
+            self.wait_if_paused()
+            batch = todo[start : start + self.max_batch]
+            prefixes = [list(s.prompt_ids) + list(s.completion_ids) for s in batch]
+            width = max(map(len, prefixes))
+            pad = self.tokenizer.pad_token_id
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prefixes])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes])
+            budget = max(params.max_new_tokens - len(s.completion_ids) for s in batch)
+            new_tokens, logp = self._sample_tokens(ids, mask, dataclasses.replace(params, n=1, max_new_tokens=budget))
+            eos = self.tokenizer.eos_token_id
+            for row, sample in enumerate(batch):
+                tokens = new_tokens[row].tolist()[: params.max_new_tokens - len(sample.completion_ids)]
+                finished = eos in tokens
+                length = tokens.index(eos) + 1 if finished else len(tokens)
+                text = self.tokenizer.decode(list(sample.completion_ids) + tokens[:length], skip_special_tokens=True)
+                resumed[id(sample)] = sample.continued(tokens[:length], logp[row, :length].tolist(), self.version,
+                                                       finished, text)
+        return [resumed.get(id(s), s) for s in partial]
 
     def update_weights(self, state: Dict[str, Any], version: int) -> float:
         start = time.perf_counter()

@@ -20,6 +20,14 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]: ...
 
+    def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
+        """Continues each unfinished sample -- a request stopped mid-generation, here or on another engine
+        (in-flight migration): re-prefills its prompt and tokens so far and generates until EOS or
+        ``params.max_new_tokens`` tokens in all (``params.n`` is ignored: one continuation each). Returns
+        the samples whole, in order: their tokens and behaviour log-probs so far unchanged, nothing
+        generated twice, the new tokens appended with this engine's version (:meth:`Sample.continued`)."""
+        ...
+
     def update_weights(self, state: Dict[str, Any], version: int) -> float:
         """Loads a full weight set in place and serves ``version`` from now on; returns the seconds it took."""
         ...

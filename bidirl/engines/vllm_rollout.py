@@ -72,6 +72,26 @@ class VLLMRolloutEngine(PauseGate):
                                       self.version, finished))
         return samples
 
+    def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
+        from vllm import SamplingParams as VSamplingParams
+
+        self.wait_if_paused()
+        greedy = params.temperature <= 0
+        todo = [s for s in partial if not s.finished and len(s.completion_ids) < params.max_new_tokens]
+        requests = [{"prompt_token_ids": list(s.prompt_ids) + list(s.completion_ids)} for s in todo]
+        sampling = [VSamplingParams(n=1, temperature=0.0 if greedy else params.temperature,
+                                    top_p=1.0 if greedy else params.top_p, logprobs=0, ignore_eos=params.ignore_eos,
+                                    max_tokens=params.max_new_tokens - len(s.completion_ids)) for s in todo]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False) if todo else []
+        resumed = {}
+        for sample, output in zip(todo, outputs):
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+            text = self.tokenizer.decode(list(sample.completion_ids) + ids, skip_special_tokens=True)
+            resumed[id(sample)] = sample.continued(ids, logprobs, self.version, completion.finish_reason == "stop", text)
+        return [resumed.get(id(s), s) for s in partial]
+
     def update_weights(self, state: Dict[str, Any], version: int) -> float:
         start = time.perf_counter()
         weights = [(name, tensor.detach().to("cpu")) for name, tensor in state.items()]
