@@ -16,6 +16,14 @@ Per setting (response lengths, one task each):
 Steps 1-3 are one round; ``--repeats`` rounds (profile again, run again: this machine's speed drifts
 by up to ~30% over tens of minutes, so a prediction is only compared with a run minutes after its
 profile, and one round per cell cannot resolve 10%; the seed stays, as it also builds the base model).
+Two predictions per run, both on the profile's device model: *one-shot*, on the lengths the profile
+measured (the base model's, on the prompts the run draws first: all a planner knows before the run),
+and *at the run's lengths*, on the same profiled length groups scaled to the mean response length the
+live run measured per step (a straight line over its steps: a start and a drift, as the simulator's
+workloads drift) -- RL changes the lengths as the policy learns (the long setting's responses shorten
+from ~85 to ~50 tokens in 30 steps), which no profile of the base model can foresee, and the second
+prediction separates that from the device model's own error. Neither fits a constant to the measured
+step time.
 Reported: predicted and measured steady-state step time (the mean step after the first three: the
 pipeline filling and the engines' first calls are a start-up cost, not a step; both the mean over
 the rounds, with the range of the measured), the ratio of the means and of each round, the plain means, and each pool's busy share, which
@@ -27,6 +35,7 @@ this file unless ``--out``) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -36,7 +45,7 @@ from pathlib import Path
 
 from bidirl.config import load_config
 from bidirl.sched.trace import steady_step_s
-from bidirl.sim.run import simulate
+from bidirl.sim.run import sim_workload, simulate
 
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 SETTINGS = {
@@ -69,10 +78,24 @@ def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
                         f"output_dir={runs}"], capture_output=True, text=True, check=True)
         done = sorted(runs.glob("*/summary.json"))
     summary = json.loads(done[-1].read_text())
+    steps = [json.loads(line) for line in (done[-1].parent / "metrics.jsonl").read_text().splitlines()]
     if "version_times" not in summary:  # a run kept from before summaries recorded them: its metrics have them
-        steps = [json.loads(line) for line in (done[-1].parent / "metrics.jsonl").read_text().splitlines()]
         summary["version_times"] = [0.0] + [r["time_s"] for r in steps if "version" in r]
+    summary["step_metrics"] = [r for r in steps if "completion_tokens_mean" in r]
     return summary
+
+
+def run_lengths(cfg, summary: dict):
+    """The profile's workload at the live run's response lengths: a least-squares line through each
+    step's mean response length against the version its groups were generated at (step - 1 - staleness),
+    as a start ``mean_tokens`` and a relative ``drift`` over the run (the simulator's drift)."""
+    rows = summary["step_metrics"]
+    xs = [r["step"] - 1 - r["staleness_mean"] for r in rows]
+    ys = [r["completion_tokens_mean"] for r in rows]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    start = my - slope * mx
+    return dataclasses.replace(sim_workload(cfg), mean_tokens=start, drift=slope * cfg.train.steps / start)
 
 
 def measure(name: str, steps: int, root: Path, repeats: int) -> list:
@@ -81,7 +104,7 @@ def measure(name: str, steps: int, root: Path, repeats: int) -> list:
     over tens of minutes (the same training step, same process: 1.36-1.90 s)."""
     pipeline, overrides = SETTINGS[name]
     overrides = [*overrides, *LIVE, f"train.steps={steps}"]
-    pairs = {policy: [] for policy in POLICIES}  # policy -> [(predicted, summary, profile)]
+    pairs = {policy: [] for policy in POLICIES}  # policy -> [(predicted, summary, profile, at run lengths)]
     for repeat in range(repeats):
         profile_json = profile(pipeline, overrides, root / name / f"round{repeat}")
         for policy in POLICIES:
@@ -91,26 +114,36 @@ def measure(name: str, steps: int, root: Path, repeats: int) -> list:
             predicted = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=cfg.live_driver())
             # the live run starts from the same profile (the cost-aware policies' prior estimates)
             summary = live(pipeline, [*overrides, f"sim.profile={profile_json}"], root / name / f"round{repeat}", policy)
-            pairs[policy].append((predicted, summary, json.loads(Path(profile_json).read_text())))
-            print(f"{name:6s} {policy:7s} round {repeat}: predicted {predicted.steady_step_s:.3f} s  measured "
-                  f"{steady_step_s(summary['version_times']):.3f} s", flush=True)
+            lengths = run_lengths(cfg, summary)
+            at_run = simulate(cfg, policy, rollout_devices=1, with_bound=False, driver=cfg.live_driver(), workload=lengths)
+            pairs[policy].append((predicted, summary, json.loads(Path(profile_json).read_text()), at_run, lengths))
+            print(f"{name:6s} {policy:7s} round {repeat}: predicted {predicted.steady_step_s:.3f} s (at the run's "
+                  f"lengths {at_run.steady_step_s:.3f} s)  measured {steady_step_s(summary['version_times']):.3f} s",
+                  flush=True)
     rows = []
     for policy, runs in pairs.items():
-        predicted = [p.steady_step_s for p, _, _ in runs]
-        measured = [steady_step_s(s["version_times"]) for _, s, _ in runs]
-        summaries, fits = [s for _, s, _ in runs], runs[-1][2]
+        predicted = [p.steady_step_s for p, *_ in runs]
+        at_run = [a.steady_step_s for _, _, _, a, _ in runs]
+        measured = [steady_step_s(s["version_times"]) for _, s, *_ in runs]
+        summaries, fits = [s for _, s, *_ in runs], runs[-1][2]
         rows.append({"setting": name, "policy": policy, "predicted_step_s": round(statistics.mean(predicted), 4),
                      "measured_step_s": round(statistics.mean(measured), 4),
                      "predicted_runs_s": [round(v, 4) for v in predicted], "measured_runs_s": [round(v, 4) for v in measured],
                      "ratio": round(statistics.mean(predicted) / statistics.mean(measured), 3),
                      "ratios": [round(p / m, 3) for p, m in zip(predicted, measured)],
-                     "predicted_mean_step_s": round(statistics.mean(p.step_s for p, _, _ in runs), 4),
+                     "at_run_lengths_step_s": round(statistics.mean(at_run), 4),
+                     "at_run_lengths_runs_s": [round(v, 4) for v in at_run],
+                     "at_run_lengths_ratio": round(statistics.mean(at_run) / statistics.mean(measured), 3),
+                     "at_run_lengths_ratios": [round(p / m, 3) for p, m in zip(at_run, measured)],
+                     "run_lengths": [{"start_tokens": round(w.mean_tokens, 1), "drift": round(w.drift, 3)}
+                                     for *_, w in runs],
+                     "predicted_mean_step_s": round(statistics.mean(p.step_s for p, *_ in runs), 4),
                      "measured_mean_step_s": round(statistics.mean(s["rl_seconds"] / s["steps"] for s in summaries), 4),
-                     "predicted_switches": [p.switches for p, _, _ in runs],
+                     "predicted_switches": [p.switches for p, *_ in runs],
                      "measured_switches": [s["switches"]["count"] for s in summaries],
                      "fit_errors": {k: round(fits[k]["error"], 4) for k in ("decode", "prefill", "train")},
-                     "co_running": [f.get("co_running") for _, _, f in runs],
-                     "predicted_breakdown": mean_breakdown([p.time_breakdown for p, _, _ in runs]),
+                     "co_running": [f.get("co_running") for _, _, f, *_ in runs],
+                     "predicted_breakdown": mean_breakdown([p.time_breakdown for p, *_ in runs]),
                      "measured_breakdown": mean_breakdown([s["time_breakdown"] for s in summaries]),
                      "workload": {k: v for k, v in fits["workload"].items() if k != "groups"},
                      "measured_tokens_per_sample": round(statistics.mean(
@@ -140,14 +173,17 @@ def main() -> None:
         for name in args.settings.split(","):
             rows += measure(name, args.steps, Path(args.work or scratch), args.repeats)
     Path(args.out).write_text(json.dumps(rows, indent=2))
-    print("\n| setting | mean response (profiled) | policy | predicted step s | measured step s, mean [range] "
-          "| predicted / measured (each round) | busy, predicted | busy, measured | switches, predicted / measured |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| setting | mean response: profiled / live | policy | measured step s, mean [range] | one-shot "
+          "predicted s | one-shot / measured (each round) | at the run's lengths, predicted s | at the run's lengths "
+          "/ measured (each round) | busy, predicted | busy, measured | switches, predicted / measured |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         runs = r["measured_runs_s"]
-        print(f"| {r['setting']} | {r['workload']['mean_tokens']:.1f} | {r['policy']} | {r['predicted_step_s']:.3f} | "
-              f"{r['measured_step_s']:.3f} [{min(runs):.3f}-{max(runs):.3f}] | {r['ratio']:.2f} "
-              f"({', '.join(f'{x:.2f}' for x in r['ratios'])}) | "
+        print(f"| {r['setting']} | {r['workload']['mean_tokens']:.1f} / {r['measured_tokens_per_sample']:.1f} | "
+              f"{r['policy']} | {r['measured_step_s']:.3f} [{min(runs):.3f}-{max(runs):.3f}] | "
+              f"{r['predicted_step_s']:.3f} | {r['ratio']:.2f} ({', '.join(f'{x:.2f}' for x in r['ratios'])}) | "
+              f"{r['at_run_lengths_step_s']:.3f} | {r['at_run_lengths_ratio']:.2f} "
+              f"({', '.join(f'{x:.2f}' for x in r['at_run_lengths_ratios'])}) | "
               f"{busy(r['predicted_breakdown'])} | {busy(r['measured_breakdown'])} | "
               f"{','.join(map(str, r['predicted_switches']))} / {','.join(map(str, r['measured_switches']))} |")
 

@@ -3,6 +3,7 @@
     .venv/bin/python experiments/planner/quality.py [processes]    # quality table (~15 min on 2 cores)
     .venv/bin/python experiments/planner/quality.py --speed        # one 32-device and one 1024-device plan
     .venv/bin/python experiments/planner/quality.py --instances    # instance size and split chosen together
+    .venv/bin/python experiments/planner/quality.py 2 --workloads=reasoning   # some workloads only
 
 Quality. For every row of the results table (``experiments/sim_validation/sweep.py``'s settings: 32
 H100s, 7B, gsm8k/math/reasoning x eta 0/1/2/4, chunk 8) and every policy that has a partition, the
@@ -103,15 +104,16 @@ def main(argv: List[str]) -> None:
         speed()
         return
     sizes = "--instances" in argv
-    argv = [a for a in argv if a != "--instances"]
+    workloads = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--workloads=")), list(WORKLOADS))
+    argv = [a for a in argv if a != "--instances" and not a.startswith("--workloads=")]
     processes = int(argv[0]) if argv else 2
     print("| workload | eta | policy | planner split | exhaustive split | planner samples/s | exhaustive samples/s | "
           "ratio | plan s |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     if sizes:
-        jobs, work = [(w, 1, p) for w in WORKLOADS for p in ("areal", "bidirl")], instance_cell
+        jobs, work = [(w, 1, p) for w in workloads for p in ("areal", "bidirl")], instance_cell
     else:
-        jobs, work = [(w, eta, p) for w in WORKLOADS for eta in (0, 1, 2, 4) for p in POLICIES], cell
+        jobs, work = [(w, eta, p) for w in workloads for eta in (0, 1, 2, 4) for p in POLICIES], cell
     with Pool(processes) as pool:
         for line in pool.imap(work, jobs):
             print(line, flush=True)
