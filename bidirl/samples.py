@@ -42,6 +42,10 @@ class Sample:
         """The version behind each completion token."""
         return list(self.token_versions) or [self.version] * len(self.completion_ids)
 
+    def budget_left(self, max_new_tokens: int) -> int:
+        """Tokens this sample may still generate within ``max_new_tokens`` in all (0 once it has ended)."""
+        return 0 if self.finished else max(0, max_new_tokens - len(self.completion_ids))
+
     def continued(self, ids: List[int], logprobs: List[float], version: int, finished: bool, text: str) -> "Sample":
         """This unfinished sample with ``ids`` generated after it by ``version``'s weights (a resumed
         request): its own tokens and behaviour log-probs unchanged, the new ones appended."""

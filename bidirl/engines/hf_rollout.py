@@ -70,19 +70,21 @@ class HFRolloutEngine(PauseGate):
         return new_tokens, torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
 
     def _sample(self, prompt_index: int, prompt_ids: List[int], tokens: Any, logp: Any) -> Sample:
-        eos = self.tokenizer.eos_token_id
-        ids = tokens.tolist()
-        finished = eos in ids
-        length = ids.index(eos) + 1 if finished else len(ids)
-        completion = ids[:length]
+        completion, finished = self._until_eos(tokens.tolist())
         text = self.tokenizer.decode(completion, skip_special_tokens=True)
-        return Sample(prompt_index, prompt_ids, completion, text, logp[:length].tolist(), self.version, finished)
+        return Sample(prompt_index, prompt_ids, completion, text, logp[: len(completion)].tolist(), self.version,
+                      finished)
+
+    def _until_eos(self, ids: List[int]) -> Tuple[List[int], bool]:
+        """Generated ids up to and including the first EOS, and whether there was one."""
+        eos = self.tokenizer.eos_token_id
+        return (ids[: ids.index(eos) + 1], True) if eos in ids else (ids, False)
 
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
         """Left-padded prefixes, generated to the longest remaining budget; each continuation is then cut
         to its own (a token past a request's budget would never have been sampled for it)."""
         torch = self.torch
-        todo = [s for s in partial if not s.finished and len(s.completion_ids) < params.max_new_tokens]
+        todo = [s for s in partial if s.budget_left(params.max_new_tokens)]
         resumed = {}
         for start in range(0, len(todo), self.max_batch):
             self.wait_if_paused()
@@ -92,15 +94,12 @@ class HFRolloutEngine(PauseGate):
             pad = self.tokenizer.pad_token_id
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in prefixes])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes])
-            budget = max(params.max_new_tokens - len(s.completion_ids) for s in batch)
+            budget = max(s.budget_left(params.max_new_tokens) for s in batch)
             new_tokens, logp = self._sample_tokens(ids, mask, dataclasses.replace(params, n=1, max_new_tokens=budget))
-            eos = self.tokenizer.eos_token_id
             for row, sample in enumerate(batch):
-                tokens = new_tokens[row].tolist()[: params.max_new_tokens - len(sample.completion_ids)]
-                finished = eos in tokens
-                length = tokens.index(eos) + 1 if finished else len(tokens)
-                text = self.tokenizer.decode(list(sample.completion_ids) + tokens[:length], skip_special_tokens=True)
-                resumed[id(sample)] = sample.continued(tokens[:length], logp[row, :length].tolist(), self.version,
+                tokens, finished = self._until_eos(new_tokens[row].tolist()[: sample.budget_left(params.max_new_tokens)])
+                text = self.tokenizer.decode(list(sample.completion_ids) + tokens, skip_special_tokens=True)
+                resumed[id(sample)] = sample.continued(tokens, logp[row, : len(tokens)].tolist(), self.version,
                                                        finished, text)
         return [resumed.get(id(s), s) for s in partial]
 

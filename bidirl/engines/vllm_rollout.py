@@ -55,39 +55,28 @@ class VLLMRolloutEngine(PauseGate):
         from vllm import SamplingParams as VSamplingParams
 
         self.wait_if_paused()
-        greedy = params.temperature <= 0
-        sampling = VSamplingParams(
-            n=params.n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
-            max_tokens=params.max_new_tokens, logprobs=0, ignore_eos=params.ignore_eos,
-        )  # no per-request seed: on CPU it fails ("CPU Generator does not use offset"); the engine is seeded
+        sampling = vllm_sampling(params, params.n, params.max_new_tokens)
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         samples = []
         for index, output in enumerate(outputs):
             for completion in output.outputs:
-                ids = list(completion.token_ids)
-                logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+                ids, logprobs = completion_tokens(completion)
                 finished = completion.finish_reason == "stop"
                 samples.append(Sample(index, list(output.prompt_token_ids), ids, completion.text, logprobs,
                                       self.version, finished))
         return samples
 
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
-        from vllm import SamplingParams as VSamplingParams
-
         self.wait_if_paused()
-        greedy = params.temperature <= 0
-        todo = [s for s in partial if not s.finished and len(s.completion_ids) < params.max_new_tokens]
+        todo = [s for s in partial if s.budget_left(params.max_new_tokens)]
         requests = [{"prompt_token_ids": list(s.prompt_ids) + list(s.completion_ids)} for s in todo]
-        sampling = [VSamplingParams(n=1, temperature=0.0 if greedy else params.temperature,
-                                    top_p=1.0 if greedy else params.top_p, logprobs=0, ignore_eos=params.ignore_eos,
-                                    max_tokens=params.max_new_tokens - len(s.completion_ids)) for s in todo]
+        sampling = [vllm_sampling(params, 1, s.budget_left(params.max_new_tokens)) for s in todo]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False) if todo else []
         resumed = {}
         for sample, output in zip(todo, outputs):
             completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+            ids, logprobs = completion_tokens(completion)
             text = self.tokenizer.decode(list(sample.completion_ids) + ids, skip_special_tokens=True)
             resumed[id(sample)] = sample.continued(ids, logprobs, self.version, completion.finish_reason == "stop", text)
         return [resumed.get(id(s), s) for s in partial]
@@ -99,3 +88,19 @@ class VLLMRolloutEngine(PauseGate):
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - start
+
+
+def vllm_sampling(params: SamplingParams, n: int, max_tokens: int) -> Any:
+    """vLLM's sampling parameters for ours. No per-request seed: on CPU it fails ("CPU Generator does not
+    use offset"); the engine is seeded."""
+    from vllm import SamplingParams as VSamplingParams
+
+    greedy = params.temperature <= 0
+    return VSamplingParams(n=n, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+                           max_tokens=max_tokens, logprobs=0, ignore_eos=params.ignore_eos)
+
+
+def completion_tokens(completion: Any) -> "tuple[List[int], List[float]]":
+    """A vLLM completion's token ids and the behaviour log-prob of each."""
+    ids = list(completion.token_ids)
+    return ids, [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
