@@ -8,8 +8,9 @@ sampling settings (one thread, as each live device worker runs):
 * the task's own response lengths: a normal sampled rollout of the prompts the run itself will draw
   first (the run's seeded sampler), ``LENGTH_BATCHES`` whole batches of them, kept as measured groups
   that the simulator replays (with a log-normal fit beside them), and the share of samples the
-  trainer will train (groups whose rewards differ). Several batches, because one batch of a task
-  whose lengths spread 10x misjudged the mean by 14% (the live run drew other prompts);
+  trainer will train (groups whose rewards differ). Several batches, so a task whose lengths spread
+  10x is measured on more than one batch's draw. (These are the base model's lengths: a live run's
+  drift as the policy learns -- cpu-long's 85 -> ~50 tokens in 30 steps -- is not foreseen here);
 * training: one optimizer step on a quarter, a half and all of that batch, and a forward-only
   log-prob pass over the same parts (what recomputing old or reference log-probs costs);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
