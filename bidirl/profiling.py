@@ -18,9 +18,10 @@ sampling settings (one thread, as each live device worker runs):
   same work as a load, so the same figure), into training it looks up a process group built at
   start-up (nothing to measure: recorded as ~0);
 * where the pipeline's devices share one host (CPU devices are processes on one machine, sharing its
-  memory bandwidth and caches), how much slower each stage runs while another device does the other:
-  a training step beside a process that decodes, and a decode step beside one that trains (the
-  ``co_running`` factors; a disaggregated run keeps both stages busy at once).
+  memory bandwidth and caches), how much slower each stage runs while another device works: a
+  training step beside a process that decodes, a decode step beside one that trains, and a training
+  step beside one that trains too (a lent device joining the step) -- the ``co_running`` factors, each
+  the median ratio of alternating alone/beside pairs (see :func:`paired_slowdown`).
 
 Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and ``profile.png``
 (points against the fitted curves). ``bidirl plan`` and ``bidirl simulate`` (``sim.profile``) use it.
@@ -41,6 +42,7 @@ from bidirl.samples import Sample, SamplingParams
 
 REPEATS = 3  # each timing is the median of this many runs
 DECODE_REPEATS = 5  # decode steps come from a difference of two timings: more of them
+TRAIN_REPEATS = 5  # one training step on the same batch varies by +-15% here within a minute
 LENGTH_BATCHES = 4  # whole batches of the run's own first prompts whose response lengths are measured
 
 
@@ -170,26 +172,28 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         for share in (4, 2, 1):
             part = samples[: max(1, len(samples) // share)]
             tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in part)
-            train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part))})
+            train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), TRAIN_REPEATS)})
             logprob_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.logprobs(part), 2)})
             advance()
         train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
         logprob = fit_line(logprob_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
 
-        # devices sharing this host: each stage again, while a neighbour process does the other stage
+        # devices sharing this host: each stage alone and beside a neighbour process doing the other, in
+        # alternating pairs (this machine's speed drifts by more than the effect within minutes)
         co_running = None
         if shares_a_host(cfg):
             decode_groups, (short, long_) = points[len(batch_sizes(cfg)) - 1]  # the largest batch, usual context
-            alone_step = next(p["step_s"] for p in decode_points if p["batch"] == decode_groups * G)
             neighbour_problems = problems[: min(cfg.launch.chunk_groups, groups)]  # a chunk, as a live device
-            with Neighbour(cfg, model.path, "train", neighbour_problems):
-                beside_training, _ = decode_step(decode_groups, short, long_)
-            alone_train = median_time(lambda: trainer.step(samples))  # timed as the step beside is, just before
-            with Neighbour(cfg, model.path, "decode", neighbour_problems):
-                beside_decoding = median_time(lambda: trainer.step(samples))
-            co_running = {"decode": round(beside_training / alone_step, 4), "train": round(beside_decoding / alone_train, 4),
-                          "decode_step_s": beside_training, "train_step_s": beside_decoding,
-                          "alone_decode_step_s": alone_step, "alone_train_step_s": alone_train}
+            with Neighbour(cfg, model.path, neighbour_problems) as neighbour:
+                decode_beside = paired_slowdown(lambda: decode_step(decode_groups, short, long_)[0], neighbour, TRAIN)
+                train_beside_decode = paired_slowdown(lambda: median_time(lambda: trainer.step(samples), 1),
+                                                      neighbour, DECODE)
+                train_beside_train = paired_slowdown(lambda: median_time(lambda: trainer.step(samples), 1),
+                                                     neighbour, TRAIN)
+            co_running = {"decode": decode_beside["factor"], "train": train_beside_decode["factor"],
+                          "train_beside_train": train_beside_train["factor"],
+                          "pairs": {"decode": decode_beside, "train": train_beside_decode,
+                                    "train_beside_train": train_beside_train}}
         advance()
 
         # weights and switches
@@ -224,18 +228,43 @@ def batch_groups(cfg: PipelineConfig) -> int:
     return max(cfg.train.prompts_per_step, max(batch_sizes(cfg)))
 
 
+IDLE, TRAIN, DECODE = 0, 1, 2  # what the neighbour process does (a shared integer)
+CO_RUNNING_PAIRS = 4  # alone/beside pairs per factor, alternating order; the factor is their median ratio
+
+
+def paired_slowdown(measure: Callable[[], float], neighbour: "Neighbour", work: int,
+                    pairs: int = CO_RUNNING_PAIRS) -> Dict[str, Any]:
+    """How much slower ``measure`` runs while the neighbour does ``work`` than while it idles.
+
+    Measured as pairs taken back to back, alone-beside then beside-alone (so a steady drift of this
+    machine's speed cancels within each pair), and summarised by the median of the pairs' ratios: one
+    sequential alone-then-beside measurement read 0.90-1.52 on this machine minutes apart."""
+    alone, beside = [], []
+    for pair in range(pairs):
+        for doing in ((IDLE, work) if pair % 2 == 0 else (work, IDLE)):
+            neighbour.set(doing)
+            (beside if doing == work else alone).append(measure())
+    neighbour.set(IDLE)
+    ratios = [b / a for a, b in zip(alone, beside)]
+    return {"factor": round(statistics.median(ratios), 4), "ratios": [round(r, 4) for r in ratios],
+            "alone_s": alone, "beside_s": beside}
+
+
 class Neighbour:
-    """Another device of the same host doing the other stage, in its own process with one thread (as a
-    live worker runs): ``decode`` generates the task's batches in a loop, ``train`` steps the trainer
-    in a loop on one sampled batch. Used as a context: it is working between enter and exit."""
+    """Another device of the same host, in its own process with one thread (as a live worker runs),
+    with both engines resident: it idles, trains (steps the trainer in a loop on one sampled batch) or
+    decodes (generates the task's batches in a loop), as :meth:`set` says. A context: the process
+    lives between enter and exit."""
 
     START_S = 600.0  # building the engines in a fresh process: well under a minute here
+    SET_S = 600.0  # the longest a switch waits for the neighbour's current iteration to end
 
-    def __init__(self, cfg: PipelineConfig, model_path: str, work: str, problems: list):
+    def __init__(self, cfg: PipelineConfig, model_path: str, problems: list):
         context = multiprocessing.get_context("spawn")
         self.ready, self.stop = context.Event(), context.Event()
+        self.work, self.doing = context.Value("i", IDLE), context.Value("i", -1)
         self.process = context.Process(target=neighbour_loop, daemon=True,
-                                       args=(cfg, model_path, work, problems, self.ready, self.stop))
+                                       args=(cfg, model_path, problems, self.ready, self.stop, self.work, self.doing))
 
     def __enter__(self) -> "Neighbour":
         self.process.start()
@@ -250,6 +279,16 @@ class Neighbour:
                                   f"working within {self.START_S:.0f} s")
         return self
 
+    def set(self, work: int) -> None:
+        """From now on the neighbour does ``work``; returns once it does (idle: its last iteration ended)."""
+        self.work.value = work
+        deadline = time.monotonic() + self.SET_S
+        while self.doing.value != work:
+            if not self.process.is_alive() or time.monotonic() > deadline:
+                raise BidirlError(f"the profile's neighbour process (the other stage on this host) stopped "
+                                  f"answering (exit code {self.process.exitcode})")
+            time.sleep(0.002)
+
     def __exit__(self, *exc: Any) -> None:
         self.stop.set()
         self.process.join(60)
@@ -258,7 +297,8 @@ class Neighbour:
             self.process.join()
 
 
-def neighbour_loop(cfg: PipelineConfig, model_path: str, work: str, problems: list, ready: Any, stop: Any) -> None:
+def neighbour_loop(cfg: PipelineConfig, model_path: str, problems: list, ready: Any, stop: Any,
+                   work: Any, doing: Any) -> None:
     import torch
 
     from bidirl.engines.build import build_rollout_engine, build_train_engine
@@ -268,16 +308,17 @@ def neighbour_loop(cfg: PipelineConfig, model_path: str, work: str, problems: li
     prepare_process(cfg.cluster.device_type)
     rollout = build_rollout_engine(cfg, model_path)
     by_group = rollout_batch(cfg, rollout, problems)  # also the warm-up of its first (slower) calls
-    if work == "train":
-        trainer, samples = build_train_engine(cfg, model_path), trainable(by_group, cfg.algorithm.std_normalize)
-        trainer.step(samples)
-        ready.set()
-        while not stop.is_set():
+    trainer, samples = build_train_engine(cfg, model_path), trainable(by_group, cfg.algorithm.std_normalize)
+    trainer.step(samples)
+    ready.set()
+    while not stop.is_set():
+        doing.value = now = work.value  # said before the iteration: idle is said once the last one ended
+        if now == TRAIN:
             trainer.step(samples)
-    else:
-        ready.set()
-        while not stop.is_set():
+        elif now == DECODE:
             rollout_batch(cfg, rollout, problems)
+        else:
+            time.sleep(0.002)
 
 
 def context_window(model_path: str) -> int:
@@ -335,6 +376,7 @@ def summary_line(profile: Profile) -> str:
     w, d, t = profile.workload or {}, profile.decode.coefficients, profile.train.coefficients
     co = profile.co_running
     beside = (f"; beside the other stage on this host: decode x{co['decode']:.2f}, train x{co['train']:.2f}"
+              + (f" (beside training x{co['train_beside_train']:.2f})" if "train_beside_train" in co else "")
               if co else "")
     return (f"decode step {1000 * d['a']:.2f} ms + {1000 * d['b']:.4f} ms/sequence (fit error {profile.decode.error:.0%}); "
             f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "

@@ -10,6 +10,7 @@ import pytest
 from bidirl.config import load_config
 from bidirl.errors import BidirlError
 from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, load_profile
+from bidirl.profiling import CO_RUNNING_PAIRS, IDLE, TRAIN, paired_slowdown
 from bidirl.planner import fits_memory, load_plan, plan, write_plan
 from bidirl.sim.run import perf_model, simulate
 
@@ -303,6 +304,30 @@ def test_the_planning_horizon_is_counted_in_samples_so_small_batches_of_long_res
     assert horizon_steps(small(), horizon=6) == 6  # an explicit horizon is kept
 
 
+class DriftingHost:
+    """A neighbour at the edge: records what it is told; the host slows by 10% per timing, and by 20%
+    more while the neighbour trains."""
+
+    def __init__(self):
+        self.doing, self.told, self.timings = IDLE, [], 0
+
+    def set(self, work):
+        self.doing = work
+        self.told.append(work)
+
+    def measure(self):
+        self.timings += 1
+        return (1 + 0.1 * self.timings) * (1.2 if self.doing == TRAIN else 1.0)
+
+
+def test_a_co_running_factor_is_measured_in_alternating_pairs_so_a_drifting_host_does_not_read_as_a_slowdown():
+    host = DriftingHost()
+    measured = paired_slowdown(host.measure, host, TRAIN, pairs=4)
+    assert host.told[:8] == [IDLE, TRAIN, TRAIN, IDLE, IDLE, TRAIN, TRAIN, IDLE] and host.told[-1] == IDLE
+    assert measured["factor"] == pytest.approx(1.2, rel=0.01)  # alone-then-beside in one go would read 1.45
+    assert len(measured["alone_s"]) == len(measured["beside_s"]) == 4
+
+
 TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
         "model.tiny.intermediate_size=128", "model.tiny.sft_steps=2", "model.tiny.sft_batch_size=8",
         "model.tiny.sft_examples=32", "data.eval_size=8", "logging.wandb_mode=disabled", "logging.progress=false",
@@ -321,6 +346,8 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     assert len(profile.logprob.points) == 3 and 0 < profile.workload["informative"] <= 1
     # two CPU devices share this machine: each stage was timed again beside a process doing the other
     assert profile.co_running["train"] > 0.5 and profile.co_running["decode"] > 0.5
+    assert profile.co_running["train_beside_train"] > 0.5  # and training beside a joined device's training
+    assert all(len(pairs["ratios"]) == CO_RUNNING_PAIRS for pairs in profile.co_running["pairs"].values())
     assert profile.model().logprob_seconds(1000) < profile.model().train_compute_seconds(1000)  # a forward is cheaper
     cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
                                                   f"sim.profile={run / 'profile.json'}"])
