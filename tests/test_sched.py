@@ -1,6 +1,7 @@
 """The scheduling core as pure Python: state machine, bookkeeping invariants, policies under simulation."""
 
 import itertools
+from collections import Counter
 import subprocess
 import sys
 
@@ -57,6 +58,59 @@ def test_async_staleness_never_exceeds_eta_and_every_group_is_trained_once(eta):
     assert max(cluster.staleness) <= eta
     assert cluster.trained_groups == cluster.admitted == 8 * 8
     assert sorted(c.first for c in cluster.chunks) == list(range(0, 64, 4))  # no group lost or repeated
+
+
+def test_a_migration_moves_groups_in_flight_between_rollout_devices_and_keeps_their_version():
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=2, chunk_groups=4,
+                      allows_migration=True)
+    cluster.apply(ev.Generate(0, 4))
+    cluster.apply(ev.Migrate(0, 1, 3, version=0))
+    assert cluster.inflight == {0: 1, 1: 3, 2: 0} and cluster.devices[1].state is S.GENERATING
+    cluster.complete(ev.ChunkDone(1, chunk=0, groups=3))  # the device that finished them reports them
+    assert cluster.devices[1].idle and cluster.completed_by_version[0] == 3 and cluster.chunks[0].finished == 3
+    cluster.apply(ev.Migrate(0, 1, 1, version=0))
+    assert cluster.devices[0].idle and cluster.inflight[0] == 0  # its last group left: it is free
+    with pytest.raises(AssertionError, match="fewer than"):
+        cluster.apply(ev.Migrate(0, 1, 1, version=0))
+
+
+def test_a_migration_needs_a_driver_that_can_move_requests_and_weights_no_older_than_the_groups():
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=2, chunk_groups=4)
+    cluster.apply(ev.Generate(0, 2))
+    with pytest.raises(AssertionError, match="cannot move requests"):
+        cluster.apply(ev.Migrate(0, 1, 1, version=0))
+    cluster.allows_migration = True
+    cluster.devices[0].version = 1  # (as if device 0 had loaded v1 before starting a chunk)
+    cluster.chunks[0].version = 1
+    cluster.inflight_by_version[0] = Counter({1: 2})
+    with pytest.raises(AssertionError, match="older weights"):
+        cluster.apply(ev.Migrate(0, 1, 1, version=1))
+
+
+def tails_on(sizes):
+    """Rollout devices decoding older tails of ``sizes`` groups (started at v0) while holding v1 weights."""
+    cluster = Cluster([Role.ROLLOUT] * len(sizes) + [Role.TRAIN, Role.TRAIN], batch_groups=8, eta=1, steps=4,
+                      chunk_groups=8, inflight_groups=16, allows_migration=True)
+    for device, groups in enumerate(sizes):
+        cluster.apply(ev.Generate(device, groups))
+    cluster.version = cluster.published = 1
+    for device in cluster.devices:
+        device.version = 1
+    return cluster
+
+
+@pytest.mark.parametrize("per_group_s,merges", [(0.0001, True), (0.01, False)])
+def test_older_tails_merge_onto_one_device_only_while_the_merge_barely_slows_their_decode(per_group_s, merges):
+    from bidirl.sched.estimates import Estimates
+
+    cluster = tails_on([1, 3])
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=per_group_s), 8)
+    actions = []
+    policy.consolidate_tail(cluster, actions)
+    if merges:  # weight-bound: the smaller tail joins the bigger one, and its device is free for new groups
+        assert actions == [ev.Migrate(0, 1, 1, version=0)] and cluster.devices[0].idle and cluster.inflight[1] == 4
+    else:  # 4 groups would step 2.5x slower than the 1 alone: both tails stay
+        assert actions == [] and cluster.inflight == {0: 1, 1: 3, 2: 0, 3: 0}
 
 
 def test_admission_blocks_work_that_would_exceed_the_staleness_bound():

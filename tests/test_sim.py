@@ -78,11 +78,40 @@ def test_an_interrupting_load_recomputes_the_whole_context_so_it_costs_more_the_
     assert finish_after_pause_at(1.0) == pytest.approx(1.0 + 0.5 + 2 * 0.1 + 2 * 80 * 0.01 + 0.2)
 
 
+def test_a_migrated_request_keeps_its_tokens_and_pays_the_re_prefill_of_its_whole_context():
+    source = Instance(step_a=0.01, step_b=0.01, capacity=10, prefill_s_per_seq=0.025, recompute_s_per_token=0.001)
+    source.admit(0.0, chunk=3, lengths=[60, 60, 20, 20], group_size=2)  # group (3, 0) long, (3, 1) short
+    moved = source.take(0.5, [(3, 0)])  # 0.5 s = 4 x 0.025 prefill + 8 decode steps at batch 4 (0.05 s each)
+    assert [(g, round(left, 6), round(done, 6)) for g, left, done in moved] == [((3, 0), 52, 8)] * 2
+    assert source.groups_in_flight(0.5) == [(3, 1)] and drain(source) == [(3, 1)]
+    target = Instance(step_a=0.01, step_b=0.01, capacity=10, prefill_s_per_seq=0.025, recompute_s_per_token=0.001)
+    target.admit_continued(0.5, moved)
+    assert drain(target) == [(3, 0)]  # nothing lost, nothing twice
+    # re-prefill: two prompts and 2 x 8 generated tokens, then the 52 tokens left at batch 2
+    assert target.clock == pytest.approx(0.5 + 2 * 0.025 + 16 * 0.001 + 52 * 0.03)
+
+
+def test_short_older_tails_are_consolidated_so_the_devices_they_leave_generate_again():
+    cfg = small("algorithm.staleness=1", "train.steps=12")  # gsm8k: short, weight-bound tails
+    moved = simulate(cfg, "bidirl", rollout_devices=5, keep_trace=True)
+    cluster = moved.cluster
+    assert moved.migrated_groups == sum(groups for _, _, _, groups, _ in cluster.migrations) > 0
+    assert all(cluster.devices[source].home.value == "rollout" for _, source, _, _, _ in cluster.migrations)
+    assert any("takes over" in r["reason"] for r in cluster.trace)
+    assert max(moved.staleness) <= 1 and cluster.trained_groups == cluster.admitted == 12 * 64
+    assert all(d.role is d.home and d.idle for d in cluster.devices)
+    unmoved = simulate(cfg, "bidirl-nomigrate", rollout_devices=5)
+    assert unmoved.migrated_groups == 0 and moved.samples_per_s > unmoved.samples_per_s
+    assert simulate(cfg, "bidirl", rollout_devices=5, driver=LIVE).migrated_groups == 0  # live cannot move yet
+
+
 def test_results_do_not_depend_on_the_chunk_size_a_real_system_would_not_care_about():
     for policy in ("verl", "areal", "bidirl"):
         throughputs = [simulate(small(f"launch.chunk_groups={chunk}", "algorithm.staleness=1"), policy).samples_per_s
                        for chunk in (4, 8, 16)]
-        assert max(throughputs) / min(throughputs) < 1.01, (policy, throughputs)
+        # (bidirl's tail merges go device by device, and a lent trainer's expected lease is a chunk's
+        # time: within 2%)
+        assert max(throughputs) / min(throughputs) < (1.02 if policy == "bidirl" else 1.01), (policy, throughputs)
 
 
 def test_every_policy_that_switches_pays_the_same_switch_the_performance_model_gives():

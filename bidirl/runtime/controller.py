@@ -338,8 +338,8 @@ class Controller:
             step.computing.add(device)
             if not step.left:
                 self.cluster.close_step()  # nothing left to share: a device joining now would only wait
-        elif not step.computing and not step.finishing and step.stream is None:
-            self.cluster.close_step()
+        elif not step.computing and not step.finishing and step.stream is None and not self.cluster.trainers_away:
+            self.cluster.close_step()  # (a home trainer away on a lease joins first: it steps its replica too)
             step.finishing = True
             members, primary, batch = tuple(sorted(step.members)), self.cluster.primary, step.batch
             for member in members:
@@ -370,6 +370,10 @@ class Controller:
         self.step.members.append(action.device)
         self.pull(action.device)
 
+    def _migrate(self, action: ev.Migrate) -> None:
+        # (the bookkeeping refuses Migrate first: this driver says allows_migration=False)
+        raise NotImplementedError("the live runtime cannot move requests in flight yet (generation is not interruptible)")
+
     def _rehome(self, action: ev.Rehome) -> None:
         # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary
         # shares the state of the current version, which the bookkeeping gives the new trainer
@@ -377,8 +381,8 @@ class Controller:
             self.mailbox.send(self.cluster.primary, msg.ShareTrainState(action.device))
         self.mailbox.send(action.device, msg.ChangeHome(action.home))
 
-    EXECUTE = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync, ev.Load: _load,
-               ev.Switch: _switch, ev.Rehome: _rehome}
+    EXECUTE = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Migrate: _migrate, ev.Sync: _sync,
+               ev.Load: _load, ev.Switch: _switch, ev.Rehome: _rehome}
 
     # ---- after training --------------------------------------------------------------------------
     def evaluate(self) -> List[Dict[str, Any]]:

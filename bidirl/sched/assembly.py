@@ -58,6 +58,8 @@ class DriverCapabilities:
     pulls_micro_batches: bool = False
     # a train step may start on the groups of its batch already done and take the rest as they finish
     streams_gradients: bool = True
+    # move requests in flight to another device, which continues them (Migrate)
+    migrates: bool = False
 
 
 LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True,
@@ -96,5 +98,6 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
     cluster = Cluster(homes, shape.batch_groups // u, eta, shape.steps * u, shape.chunk_groups,
                       inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
                       deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join,
-                      streams=policy.streams_gradients and driver.streams_gradients and policy.deadlines)
+                      streams=policy.streams_gradients and driver.streams_gradients and policy.deadlines,
+                      allows_migration=driver.migrates)
     return Assembly(policy, cluster)

@@ -12,7 +12,10 @@ what an idle device may do:
                     (the paper's run-time rollout scaling is not modelled).
 * ``verl-dynamic``  veRL dynamic scheduling (PR #6556), one direction: idle trainer devices host rollout
                     while the next batch is not ready, if the expected wait beats two switch costs;
-                    rollout devices never train.
+                    rollout devices never train. Where the driver can move requests in flight, a
+                    lent trainer takes in-flight requests from the most loaded rollout devices up to
+                    the pool's mean load (``dynamic_schedule_enable_rebalance``: abort, resume on the
+                    least-loaded replica with the generated tokens kept).
 * ``bidirl``        both directions. Rollout-on-TrainPool as above (lent trainers only generate groups of
                     the batch the train pool needs next, so the lease ends before the pool needs them,
                     and their samples are fresh). Trainer-on-RollPool: a rollout device idle because
@@ -29,13 +32,14 @@ performance model (simulator) or measurements of the run itself (live).
 
 from __future__ import annotations
 
+import math
 from typing import List
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import StepProgress, balanced_split
 from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
-from bidirl.sched.roles import DeviceState, Role
+from bidirl.sched.roles import Device, DeviceState, Role
 
 
 class RollPolicy(AsyncPolicy):
@@ -61,8 +65,10 @@ class VerlDynamicPolicy(AsyncPolicy):
 
     name = "verl-dynamic"
     needs_estimates = True
+    migrates = True  # requests in flight move onto lent trainers, where the driver can move them
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        self.rebalance(cluster, actions)
         self.end_trainer_leases(cluster, actions)
         self.lend_idle_trainers(cluster, actions)
 
@@ -83,6 +89,36 @@ class VerlDynamicPolicy(AsyncPolicy):
         for d in cluster.idle(Role.TRAIN):
             if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent to rollout"))
+
+    # ---- in-flight migration ------------------------------------------------------------------------
+    def migrating(self, cluster: Cluster) -> bool:
+        return self.migrates and cluster.allows_migration
+
+    def rebalance(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        """veRL's ``dynamic_schedule_enable_rebalance``: a trainer lent to rollout takes requests in flight
+        from the most loaded rollout devices (their oldest groups first, so the batch the train pool needs
+        next is what it helps finish) until it holds the pool's mean load."""
+        if not self.migrating(cluster):
+            return
+        takers = [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
+                  and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
+        pool = [d for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT
+                and d.state is DeviceState.GENERATING and not d.after_work]
+        if not takers or not pool:
+            return
+        load = {d.index: cluster.inflight[d.index] for d in pool + takers}
+        mean = sum(load.values()) // len(load)
+        for taker in takers:
+            while load[taker.index] < mean:
+                source = max(pool, key=lambda d: (load[d.index], -d.index))
+                version = min(cluster.inflight_by_version[source.index], default=taker.version + 1)
+                surplus = load[source.index] - mean
+                if surplus <= 0 or version > taker.version:
+                    break
+                groups = min(mean - load[taker.index], surplus, cluster.inflight_by_version[source.index][version])
+                issue(cluster, actions, ev.Migrate(source.index, taker.index, groups, version))
+                load[source.index] -= groups
+                load[taker.index] += groups
 
     def end_trainer_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         for d in cluster.idle(Role.ROLLOUT):
@@ -107,6 +143,7 @@ class BidirlPolicy(VerlDynamicPolicy):
     The policy keeps its own estimate of the step's work left (from ``Estimates``), never a clock."""
 
     name = "bidirl"
+    MERGE_SLOWDOWN = 1.25  # the most a tail merge may slow the decode steps of the groups it moves
     streams_gradients = True  # a step starts on the groups already done (Cluster.stream_plan)
     rollout_on_train = True  # idle trainers generate (Rollout-on-TrainPool)
     train_on_rollout = True  # blocked rollout devices compute gradients (Trainer-on-RollPool)
@@ -123,18 +160,22 @@ class BidirlPolicy(VerlDynamicPolicy):
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         self.follow_stream(cluster)
+        self.consolidate_tail(cluster, actions)
         self.end_trainer_leases(cluster, actions)
         if self.rollout_on_train:
             self.lend_idle_trainers(cluster, actions)
+            self.lend_for_tail(cluster, actions)
         self.join_or_return(cluster, actions)
         if self.train_on_rollout:
             self.lend_blocked_rollout(cluster, actions)
 
     def step_devices(self, cluster: Cluster) -> List:
-        """Home trainers (all back from their leases, idle, current) plus borrowed devices already in;
-        devices still switching in join the step later instead of delaying it."""
-        home = cluster.pool(Role.TRAIN)
-        if not all(d.role is Role.TRAIN and d.idle and d.version == cluster.version for d in home):
+        """Home trainers (idle, current; those away on a lease join when back, the primary never is)
+        plus borrowed devices already in; devices still switching in join the step later instead of
+        delaying it."""
+        home = [d for d in cluster.pool(Role.TRAIN) if not d.lent]
+        if cluster.devices[cluster.primary].lent or \
+                not all(d.role is Role.TRAIN and d.idle and d.version == cluster.version for d in home):
             return []
         switching_in = any(d.home is Role.ROLLOUT and d.role is Role.TRAIN and not d.idle for d in cluster.devices)
         if switching_in and not cluster.allows_join:
@@ -178,7 +219,12 @@ class BidirlPolicy(VerlDynamicPolicy):
         """A borrowed device that has switched in joins the step in progress; between steps it waits for
         the next one only if that batch is ready, else it goes home."""
         for d in cluster.idle(Role.TRAIN):
-            if d.home is not Role.ROLLOUT or d.after_work:
+            if d.after_work:
+                continue
+            if d.home is Role.TRAIN:  # back from a lease while a step runs: it steps its replica with the rest
+                if d.index in cluster.trainers_away and d.version == cluster.version:
+                    issue(cluster, actions, ev.Join(d.index))
+                    self.step.join(cluster.now)
                 continue
             if cluster.accepting_joins and d.version == cluster.version and d.index not in cluster.expired \
                     and self.remaining_s(cluster) > self.estimates.grad_transfer_s + self.estimates.switch_s:
@@ -191,6 +237,73 @@ class BidirlPolicy(VerlDynamicPolicy):
     def step_can_start(cluster: Cluster) -> bool:
         """The next step may start now: its batch is ready, or (streamed) part of it is done."""
         return cluster.training is None and (cluster.batch_ready() or cluster.stream_ready())
+
+    # ---- in-flight migration: the tail consolidated, on a lent trainer where one is idle -------------
+    @staticmethod
+    def tail_holders(cluster: Cluster) -> List[Device]:
+        """Rollout-pool devices decoding only groups older than the weights they hold: the placement rule
+        (``fill_rollout``) gives them no new groups until that tail ends, so each decodes a few sequences
+        at a fraction of its capacity while admissible work waits."""
+        return [d for d in cluster.devices
+                if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT and d.state is DeviceState.GENERATING
+                and not d.after_work and cluster.inflight[d.index] and max(cluster.inflight_by_version[d.index]) < d.version]
+
+    def consolidate_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        """Move the older tails of rollout devices onto one -- a lent trainer serving rollout if there is
+        one (it takes only groups the next batch awaits, so it is back when the step needs it), else the
+        holder with the most groups -- smallest tails first, while it has room and the weights to continue
+        them, so the devices they leave start admissible new groups. Tails merge only while no group's
+        decode step grows past ``MERGE_SLOWDOWN`` of its present one (the decode line at a tail's
+        context: short tails are weight-bound and merge almost for free, long-context ones are not and
+        stay put) -- every older group is awaited by some batch soon."""
+        if not self.migrating(cluster):
+            return
+        holders = self.tail_holders(cluster)
+        takers = [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
+                  and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
+        if not holders or (len(holders) < 2 and not takers) or all(cluster.admissible(d) <= 0 for d in holders):
+            return
+        target = takers[0] if takers else max(holders, key=lambda d: (cluster.inflight[d.index], -d.index))
+        due, est = cluster.version - cluster.eta, self.estimates
+        merged = cluster.inflight[target.index]
+        slowest = merged or math.inf  # the smallest decode batch a merge so far would slow down
+        for d in sorted(holders, key=lambda d: (cluster.inflight[d.index], d.index)):
+            if d is target:
+                continue
+            moving = [(v, n) for v, n in sorted(cluster.inflight_by_version[d.index].items())
+                      if target.home is Role.ROLLOUT or v <= due]
+            groups = sum(n for _, n in moving)
+            if not groups or merged + groups > cluster.inflight_groups or moving[-1][0] > target.version:
+                continue
+            smallest = min(slowest, cluster.inflight[d.index])
+            if est.merged_slowdown(smallest, merged + groups) > self.MERGE_SLOWDOWN:
+                continue
+            for version, n in moving:
+                issue(cluster, actions, ev.Migrate(d.index, target.index, n, version))
+            merged, slowest = merged + groups, smallest
+
+    def lend_for_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        """One home trainer (never the primary), idle while its next batch is not ready, is lent to take
+        over the groups of the rollout pool's older tails that batch awaits, so the devices holding them
+        start new groups -- if none is lent already, merging those groups stays within
+        ``MERGE_SLOWDOWN``, and a tail's expected time left (half a chunk's time alone on a device)
+        beats the two switches the lease costs."""
+        if not self.migrating(cluster) or cluster.training is not None or cluster.batch_ready():
+            return
+        if any(d.home is Role.TRAIN and d.role is Role.ROLLOUT for d in cluster.devices):
+            return
+        holders, due, est = self.tail_holders(cluster), cluster.version - cluster.eta, self.estimates
+        awaited = [sum(n for v, n in cluster.inflight_by_version[d.index].items() if v <= due) for d in holders]
+        if not any(awaited) or all(cluster.admissible(d) <= 0 for d in holders):
+            return
+        smallest = min(n for n in awaited if n)
+        if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or \
+                0.5 * est.lease_s(cluster.chunk_groups) <= 2 * est.switch_s:
+            return
+        for d in cluster.idle(Role.TRAIN):
+            if d.home is Role.TRAIN and d.index != cluster.primary and not d.after_work and d.version == cluster.version:
+                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over the older tails"))
+                return
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
@@ -206,8 +319,8 @@ class BidirlPolicy(VerlDynamicPolicy):
 
 
 # ablations: the bidirl partition with no borrowing, or one direction only
-class BidirlNoBorrowing(BidirlPolicy):
-    name, rollout_on_train, train_on_rollout = "bidirl-none", False, False
+class BidirlNoBorrowing(BidirlPolicy):  # streamed steps only: nothing lent, no request moved
+    name, rollout_on_train, train_on_rollout, migrates = "bidirl-none", False, False, False
 
 
 class BidirlRolloutOnTrainOnly(BidirlPolicy):
@@ -220,3 +333,7 @@ class BidirlTrainOnRolloutOnly(BidirlPolicy):
 
 class BidirlNoStreaming(BidirlPolicy):  # both directions, every step waits for its whole batch
     name, streams_gradients = "bidirl-nostream", False
+
+
+class BidirlNoMigration(BidirlPolicy):  # no request moves: lent trainers only start new groups
+    name, migrates = "bidirl-nomigrate", False

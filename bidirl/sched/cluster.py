@@ -44,7 +44,13 @@ Invariants (asserted here and by tests):
     expires mid-step (``LeaseExpired``) takes the device out of the step, and the driver discards what it
     computed (its micro-batches are computed again by the others);
   * re-partitioning (``Rehome``) moves only idle, unlent devices other than the primary, only between
-    steps; a device joining the train pool this way holds the primary's version when it arrives.
+    steps; a device joining the train pool this way holds the primary's version when it arrives;
+  * in-flight migration (``Migrate``) moves groups still generating from one rollout-serving device to
+    another holding weights at least as new as theirs: groups in flight are conserved, a moved group
+    keeps its chunk and start version (so staleness, admission and deadlines are unchanged), and is
+    reported done by the device that finishes it;
+  * a train step's optimizer step needs every home trainer: one away on a lease when the step starts
+    (``trainers_away``) joins it when back -- it may always join -- and the step cannot finish before.
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: float, steps: int, chunk_groups: int,
                  primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
                  deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True,
-                 streams: bool = False):
+                 streams: bool = False, allows_migration: bool = False):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
         check_staleness(eta, deadlines)
@@ -118,6 +124,9 @@ class Cluster:
         # progress still has work to share (the live driver closes it once every micro-batch is out)
         self.allows_join = allows_join
         self.accepting_joins = False
+        # can the driver move requests in flight from one device to another (``Migrate``)?
+        self.allows_migration = allows_migration
+        self.migrations: List[Tuple[float, int, int, int, int]] = []  # (time, source, device, groups, version)
         self.deadlines = deadlines
         if streams and not deadlines:
             raise ValueError("streamed gradient work needs per-group deadlines: they say which groups a batch "
@@ -225,6 +234,24 @@ class Cluster:
     def streaming(self) -> int:
         """Groups of the (streamed) step in progress still generating."""
         return sum(self.reserved.values())
+
+    @property
+    def trainers_away(self) -> List[int]:
+        """Home trainers not in the step in progress (lent away when it started): it waits for them to
+        join before its optimizer step, since every home trainer steps an identical replica."""
+        if self.training is None:
+            return []
+        return [d.index for d in self.devices if d.home is Role.TRAIN and d.index not in self.training_devices]
+
+    def due_inflight(self) -> Dict[int, int]:
+        """Groups batch k must contain (version <= k - eta) still generating, per device holding them."""
+        due = self.version - self.eta
+        out = {}
+        for index, by_version in self.inflight_by_version.items():
+            groups = sum(n for version, n in by_version.items() if version <= due)
+            if groups:
+                out[index] = groups
+        return out
 
     def stream_ready(self) -> bool:
         """A streamed step may start now (``batch_ready`` is not yet true, see ``stream_plan``)."""
@@ -345,9 +372,10 @@ class Cluster:
     def _join_train(self, action: ev.Join) -> None:
         device = self.devices[action.device]
         assert device.index not in self.expired, f"device {device.index}'s lease expired in this step"
-        assert self.allows_join, "this driver cannot add a device to a step in progress"
         assert self.training is not None, "a device can only join a step in progress"
-        assert self.accepting_joins, "the step in progress has no work left to share"
+        home = device.home is Role.TRAIN  # a home trainer back from a lease: it must step its replica
+        assert self.allows_join or home, "this driver cannot add a device to a step in progress"
+        assert self.accepting_joins or home, "the step in progress has no work left to share"
         assert device.role is Role.TRAIN and device.idle and device.index not in self.training_devices
         assert device.version == self.version, f"device {device.index} would compute gradients on stale weights"
         self.training_devices.append(device.index)
@@ -373,6 +401,32 @@ class Cluster:
         self.batch_parts[k] = parts
         self.completed_groups -= taken
         return parts
+
+    def _migrate(self, action: ev.Migrate) -> None:
+        source, target, groups, version = self.devices[action.source], self.devices[action.device], action.groups, action.version
+        assert self.allows_migration, "this driver cannot move requests in flight"
+        assert source.index != target.index and groups > 0
+        assert self.inflight_by_version[source.index].get(version, 0) >= groups, \
+            f"device {source.index} has fewer than {groups} groups of v{version} in flight"
+        assert target.role is Role.ROLLOUT and target.state in (S.IDLE, S.GENERATING) and not target.after_work, \
+            f"device {target.index} cannot take requests now ({target.role.value}, {target.state.value})"
+        assert self.inflight[target.index] + groups <= self.inflight_groups, f"device {target.index} has no room"
+        assert target.version >= version, f"device {target.index} would continue v{version} groups with older weights"
+        for index, change in ((source.index, -groups), (target.index, groups)):
+            self.inflight[index] += change
+            self.inflight_by_version[index][version] += change
+            if not self.inflight_by_version[index][version]:
+                del self.inflight_by_version[index][version]
+        self.migrations.append((self.now, source.index, target.index, groups, version))
+        reason = f"takes over {groups} groups of v{version} from device {source.index}"
+        if target.idle:
+            target.transition(S.GENERATING, self.now, reason, self._log)
+        else:
+            self._log({"t": round(self.now, 6), "device": target.index, "from": target.state.value,
+                       "to": target.state.value, "role": target.role.value, "home": target.home.value,
+                       "version": target.version, "reason": reason})
+        if not self.inflight[source.index] and source.state in (S.GENERATING, S.DRAINING):
+            self._work_finished(source, f"{groups} groups of v{version} moved to device {target.index}")
 
     def _start_sync(self, action: ev.Sync) -> None:
         assert self.syncing is None and self.published < self.version, "one transfer of a new version at a time"
@@ -416,8 +470,8 @@ class Cluster:
         self.rehomes.append((self.now, device.index, action.home.value))
         self._start_switch(ev.Switch(device.index, action.home, action.reason or f"rehome to {action.home.value}"))
 
-    APPLY = {ev.Generate: _start_chunk, ev.Train: _start_train, ev.Join: _join_train, ev.Sync: _start_sync,
-             ev.Load: _start_load, ev.Switch: _start_switch, ev.Rehome: _rehome}
+    APPLY = {ev.Generate: _start_chunk, ev.Train: _start_train, ev.Join: _join_train, ev.Migrate: _migrate,
+             ev.Sync: _start_sync, ev.Load: _start_load, ev.Switch: _start_switch, ev.Rehome: _rehome}
 
     # ---- completions -------------------------------------------------------------------------
     def complete(self, event: ev.Event) -> None:
@@ -481,6 +535,7 @@ class Cluster:
         k = self.version
         assert event.version == k + 1, "versions advance by one per optimizer step"
         assert not self.streaming, f"batch {k} has {self.streaming} groups still generating: no optimizer step yet"
+        assert not self.trainers_away, f"home trainers {self.trainers_away} have not joined batch {k}'s optimizer step"
         for chunk, groups in self.batch_chunks(k):
             assert 0 <= k - chunk.version and (k - chunk.version <= self.eta or not self.deadlines), \
                 f"staleness {k - chunk.version} exceeds eta={self.eta}"

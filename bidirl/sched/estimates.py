@@ -17,6 +17,7 @@ decides; it never receives new numbers from outside. Providers:
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Protocol
 
 
@@ -27,9 +28,20 @@ class Estimates:
     switch_s: float  # one role switch
     grad_transfer_s: float = 0.0  # returning one device's gradients to the primary
     chunk_s: float = 0.0  # wall time of one chunk alone on a device: how long a lent trainer is away
+    # one decode step at a tail's context: decode_step_s + decode_group_s * (groups decoding together);
+    # zero where unknown (then no policy merges awaited groups into a bigger decode batch)
+    decode_step_s: float = 0.0
+    decode_group_s: float = 0.0
 
     def lease_s(self, chunk_groups: int) -> float:
         return self.chunk_s or self.generate_group_s * chunk_groups
+
+    def merged_slowdown(self, groups: int, merged: int) -> float:
+        """How much slower a decode batch of ``groups`` groups steps once ``merged`` groups decode together
+        (infinite where the decode line is unknown)."""
+        if self.decode_step_s <= 0:
+            return math.inf
+        return (self.decode_step_s + self.decode_group_s * merged) / (self.decode_step_s + self.decode_group_s * groups)
 
     @property
     def measured(self) -> bool:
@@ -52,7 +64,8 @@ class MeasuredEstimates:
     outright -- the run's own devices, engines and lengths beat any model of them -- and later ones are
     averaged in with ``weight``."""
 
-    NAMES = ("generate_group_s", "train_batch_s", "switch_s", "grad_transfer_s", "chunk_s")
+    NAMES = ("generate_group_s", "train_batch_s", "switch_s", "grad_transfer_s", "chunk_s", "decode_step_s",
+             "decode_group_s")  # (the decode line is never measured live: it stays the prior's)
 
     def __init__(self, weight: float = 0.3, prior: Estimates = NO_ESTIMATES):
         self.weight, self.prior = weight, prior

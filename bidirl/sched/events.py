@@ -107,6 +107,22 @@ class Join(Action):
 
 
 @dataclass(frozen=True)
+class Migrate(Action):
+    """In-flight request migration: ``groups`` prompt groups of ``version`` still generating on ``source``
+    move to ``device`` (serving rollout), which re-prefills each request's prompt and the tokens
+    generated so far and continues it with the weights it holds. A moved group keeps its chunk and its
+    start version (its staleness counts its oldest token), and its tokens keep their behaviour
+    log-probs and versions (decoupled PPO trains them as generated). veRL's dynamic scheduling
+    rebalances in-flight requests onto a lent replica the same way (abort, then resume elsewhere with
+    the generated tokens kept). Only where the driver can move requests (``Cluster.allows_migration``)."""
+
+    source: int
+    device: int
+    groups: int
+    version: int
+
+
+@dataclass(frozen=True)
 class Sync(Action):
     """Publish the newest weights: the primary sends them to ``devices``' staging buffers, in the background."""
 
@@ -139,5 +155,5 @@ class Rehome(Action):
 
 
 EVENTS: Tuple[type, ...] = (Started, ChunkDone, TrainDone, SyncDone, LoadDone, SwitchDone, LeaseExpired)
-ACTIONS: Tuple[type, ...] = (Generate, Train, Join, Sync, Load, Switch, Rehome)
+ACTIONS: Tuple[type, ...] = (Generate, Train, Join, Migrate, Sync, Load, Switch, Rehome)
 

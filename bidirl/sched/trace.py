@@ -83,11 +83,13 @@ def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> 
 
 
 def switch_overheads(trace: Sequence[dict]) -> List[Dict[str, float]]:
-    """Each switch: drain (DRAINING), switch itself (SWITCHING) and the gap until first useful work."""
+    """Each switch followed by work: drain (DRAINING), switch itself (SWITCHING) and the gap until first
+    useful work. A switch straight back without work in between (a lease that found its work gone) is
+    timed on its own, not as part of the next."""
     out, open_switch = [], {}
     for record in trace:
         device, to = record["device"], record["to"]
-        if to in ("draining", "switching") and device not in open_switch:
+        if to in ("draining", "switching") and (device not in open_switch or "switch_end" in open_switch[device]):
             open_switch[device] = {"device": device, "start": record["t"], "drain_s": 0.0, "to": record["role"]}
         entry = open_switch.get(device)
         if entry is None:

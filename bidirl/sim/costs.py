@@ -145,14 +145,17 @@ def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups
               switch_s: float, chunk_groups: int = 8, seed: int = 12345) -> Estimates:
     """What a profiler would report: device-seconds per group when a device holds its share of a
     batch, T for a batch on one device, the wall time of one chunk alone on a device (a lent trainer's
-    lease: set by its longest sequence), switch and gradient-transfer costs."""
+    lease: set by its longest sequence), switch and gradient-transfer costs, and the decode line at a
+    tail's context (prompt + the length cap)."""
     costs = CalibratedCosts(perf, workload, group_size, 1, seed, switch_s, load_s=0.0)
     share = max(1, batch_groups // max(1, devices // 2))
     shared = _run_alone(costs, 0, share)
     mean_tokens = costs.chunk_tokens[0] / (share * group_size)
     train = perf.train_compute_seconds(batch_groups * group_size * mean_tokens * workload.informative)
     chunk_s = sum(_run_alone(costs, share + i * chunk_groups, chunk_groups) for i in range(5)) / 5
-    return Estimates(shared / share, train, switch_s, perf.gradient_return_seconds(1), chunk_s)
+    step_s, per_sequence = perf.decode_line(workload.prompt_tokens + workload.cap)  # a tail nears the cap
+    return Estimates(shared / share, train, switch_s, perf.gradient_return_seconds(1), chunk_s,
+                     step_s, per_sequence * group_size)
 
 
 def _run_alone(costs: CalibratedCosts, first: int, groups: int) -> float:

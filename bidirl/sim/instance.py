@@ -11,8 +11,10 @@ at every sequence and not only when a whole chunk is done. Sequences beyond the 
 join as others finish (the prefill of a joining sequence pauses decoding briefly). ``pause`` models an
 interruption (a weight load): decoding stops, running sequences keep their progress, and their KV is
 recomputed with the new weights -- the whole context, prompt *and* the tokens generated so far, as
-AReaL's interruptible rollout and veRL's partial rollout do. ``slow_down`` scales every decode step
-from now on (devices sharing one host decode slower while a neighbour trains).
+AReaL's interruptible rollout and veRL's partial rollout do. ``take`` and ``admit_continued`` move
+requests in flight to another instance (migration), which pays the same re-prefill of their whole
+contexts before they decode on. ``slow_down`` scales every decode step from now on (devices sharing
+one host decode slower while a neighbour trains).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Instance:
         self.clock = 0.0
         self.paused_until = 0.0
         self.running: List[Tuple[float, int, Group, float]] = []  # (finish progress, seq no, group, start), sorted
-        self.waiting: Deque[Tuple[int, Group]] = deque()  # (length, group)
+        self.waiting: Deque[Tuple[float, Group, float]] = deque()  # (tokens to generate, group, tokens generated)
         self.left: Dict[Group, int] = {}  # group -> sequences not finished
         self.done: List[Group] = []  # groups completed since the last finish_due
         self.epoch = 0  # bumped whenever the next completion time may have changed
@@ -82,13 +84,13 @@ class Instance:
             self.done.append(group)
 
     def _join_waiting(self, now: float) -> None:
-        joined = 0
+        joined, generated = 0, 0.0
         while self.waiting and len(self.running) < self.capacity:
-            length, group = self.waiting.popleft()
-            bisect.insort(self.running, (self.progress + length, next(self.seq), group, self.progress))
-            joined += 1
-        if joined:
-            self.paused_until = max(now, self.paused_until) + joined * self.prefill
+            length, group, done = self.waiting.popleft()  # (a continued request generated ``done`` elsewhere)
+            bisect.insort(self.running, (self.progress + length, next(self.seq), group, self.progress - done))
+            joined, generated = joined + 1, generated + done
+        if joined:  # prefill of each prompt, and a continued request's tokens too
+            self.paused_until = max(now, self.paused_until) + joined * self.prefill + generated * self.recompute_per_token
 
     def admit(self, now: float, chunk: int, lengths: List[int], group_size: int = 0) -> None:
         """Sequences of ``chunk``: ``group_size`` consecutive lengths form a group (0: the chunk is one group)."""
@@ -97,7 +99,38 @@ class Instance:
         for i, length in enumerate(lengths):
             group = (chunk, i // size)
             self.left[group] = self.left.get(group, 0) + 1
-            self.waiting.append((length, group))
+            self.waiting.append((length, group, 0.0))
+        self._join_waiting(now)
+        self.epoch += 1
+
+    def groups_in_flight(self, now: float) -> List[Group]:
+        """Groups with sequences running or waiting here at ``now``, in the order they were admitted."""
+        self._advance(now)
+        return list(self.left)
+
+    def take(self, now: float, groups: List[Group]) -> List[Tuple[Group, float, float]]:
+        """Removes every sequence of ``groups`` (running or waiting), as an abort does: returns each as
+        (group, tokens still to generate, tokens generated so far). Waiting sequences take the room."""
+        self._advance(now)
+        wanted = set(groups)
+        assert wanted <= set(self.left), "only groups in flight here can move"
+        moved = [(g, finish - self.progress, self.progress - start) for finish, _, g, start in self.running if g in wanted]
+        moved += [(g, length, done) for length, g, done in self.waiting if g in wanted]
+        self.running = [entry for entry in self.running if entry[2] not in wanted]
+        self.waiting = deque(entry for entry in self.waiting if entry[1] not in wanted)
+        for group in wanted:
+            del self.left[group]
+        self._join_waiting(now)
+        self.epoch += 1
+        return moved
+
+    def admit_continued(self, now: float, sequences: List[Tuple[Group, float, float]]) -> None:
+        """Requests moved here (``take`` elsewhere) continue: each re-prefills its prompt and its
+        generated tokens, then decodes what it has left."""
+        self._advance(now)
+        for group, left, done in sequences:
+            self.left[group] = self.left.get(group, 0) + 1
+            self.waiting.append((left, group, done))
         self._join_waiting(now)
         self.epoch += 1
 

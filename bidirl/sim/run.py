@@ -45,6 +45,7 @@ class SimResult:
     cluster: Optional[Cluster] = field(default=None, repr=False)
     steady_step_s: float = 0.0  # mean step after the first few (sched.trace.steady_step_s)
     instance_devices: int = 1  # devices per rollout instance / train group
+    migrated_groups: int = 0  # prompt groups moved in flight to another device (Migrate)
 
     @property
     def split(self) -> str:
@@ -155,7 +156,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
     capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
     simulator_can = driver or DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
-                                                 inflight_groups=capacity_groups, rehomes=True)
+                                                 inflight_groups=capacity_groups, rehomes=True, migrates=True)
     costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
     replanner = (LengthReplanner(replan_every, lambda: costs.trained_lengths.mean_since_last_asked(),
                                  lambda mean: replan(mean) // k)  # the planner counts devices, the cluster units
@@ -176,7 +177,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
-                     cluster if keep_trace else None, steady_step_s(cluster.version_times), k)
+                     cluster if keep_trace else None, steady_step_s(cluster.version_times), k,
+                     sum(groups for _, _, _, groups, _ in cluster.migrations))
 
 
 _BOUNDS: Dict[tuple, float] = {}

@@ -231,6 +231,7 @@ class Simulator:
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for their groups
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
+        self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
 
     def push(self, time: float, event: Any) -> None:
         heapq.heappush(self.heap, (time, next(self.seq), event))
@@ -246,8 +247,12 @@ class Simulator:
                 instance = self.instances[event.device]
                 if event.epoch != instance.epoch:
                     continue
-                for chunk, groups in self.completed_groups(instance.finish_due(now)):
-                    self.handle(ev.ChunkDone(event.device, chunk, groups), now)
+                # reported one chunk at a time; the policy may move groups off this device meanwhile
+                self.unreported = (event.device, [[c, n] for c, n in self.completed_groups(instance.finish_due(now))])
+                while self.unreported[1]:
+                    chunk, groups = self.unreported[1].pop(0)
+                    if groups:
+                        self.handle(ev.ChunkDone(event.device, chunk, groups), now)
                 self.dirty.add(event.device)
             elif isinstance(event, LeaseTick):
                 if self.step is not None and event.epoch == self.step.epoch:
@@ -256,7 +261,7 @@ class Simulator:
                 if self.step is not None and event.epoch == self.step.epoch:
                     self.cluster.close_step()
             elif isinstance(event, StepTick):
-                if self.step is not None and event.epoch == self.step.epoch:
+                if self.step is not None and event.epoch == self.step.epoch and not self.cluster.trainers_away:
                     self.stream_wait_s += self.step.waited
                     self.step = None
                     self.beside_training(now, ())
@@ -365,11 +370,16 @@ class Simulator:
                     self.push(first[0] + self.lease_timeout_s, LeaseTick(self.step.epoch, device))
         if self.cluster.streaming:
             return
+        now = self.cluster.now  # (a home trainer joining after the work ran out: the step ends now)
         if self.pull_samples:
-            self.push(self.step.last_start, CloseTick(self.step.epoch))
-        self.push(self.step.finish(self.step_communication(self.cluster.training_devices)), StepTick(self.step.epoch))
+            self.push(max(now, self.step.last_start), CloseTick(self.step.epoch))
+        self.push(max(now, self.step.finish(self.step_communication(self.cluster.training_devices))),
+                  StepTick(self.step.epoch))
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
+        ran_out = self.step.finish() if not self.cluster.streaming else now
+        if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
+            self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
         if self.pull_samples:
             self.slots[action.device] = self.step.devices
             self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device))
@@ -392,13 +402,43 @@ class Simulator:
         lent = sum(1 for d in devices if self.cluster.devices[d].lent)
         return self.costs.allreduce(len(devices) - lent) + self.costs.gradient_return(lent)
 
+    def _migrate(self, action: ev.Migrate, now: float) -> None:
+        """The source's engine gives the groups' requests up; the target re-prefills and continues them."""
+        source, target = self.instances[action.source], self.instances[action.device]
+        chunks = self.cluster.chunks
+        groups = [g for g in source.groups_in_flight(now) if chunks[g[0]].version == action.version][: action.groups]
+        target.admit_continued(now, source.take(now, groups))
+        short = action.groups - len(groups)
+        if short:  # groups that finished at this very instant and are not reported yet: they count as
+            self.count_as_done_on(action, short)  # done on the target
+        self.dirty.update((action.source, action.device))
+
+    def count_as_done_on(self, action: ev.Migrate, short: int) -> None:
+        """``short`` groups of the migration finished on the source at this instant, before the bookkeeping
+        heard of it (still in its instance's ``done``, or in the completions of the tick being reported):
+        they are reported done by the target instead, so every group is reported once."""
+        chunks, source, now = self.cluster.chunks, self.instances[action.source], self.cluster.now
+        finished = [g for g in source.done if chunks[g[0]].version == action.version][:short]
+        for group in finished:
+            source.done.remove(group)
+        reports, need = self.completed_groups(finished), short - len(finished)
+        device, pending = self.unreported
+        for entry in pending if device == action.source else []:
+            if need and entry[1] and chunks[entry[0]].version == action.version:
+                take = min(entry[1], need)
+                entry[1], need = entry[1] - take, need - take
+                reports.append((entry[0], take))
+        assert need == 0, "the bookkeeping moved groups the source does not hold"
+        for chunk, n in reports:
+            self.push(now, ev.ChunkDone(action.device, chunk, n))
+
     def _sync(self, action: ev.Sync, now: float) -> None:  # a background transfer: nobody waits for it
         self.push(now + self.costs.sync(action.devices), ev.SyncDone(self.cluster.syncing))
 
     def _on_transition(self, action: ev.Action, now: float) -> None:
         pass  # loads and switches start when the device enters SYNCING / SWITCHING (start_transitions)
 
-    START = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Sync: _sync,
+    START = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Migrate: _migrate, ev.Sync: _sync,
              ev.Load: _on_transition, ev.Switch: _on_transition, ev.Rehome: _on_transition}
 
     def start_transitions(self, now: float) -> None:

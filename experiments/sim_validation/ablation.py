@@ -5,10 +5,11 @@
 Per (workload, eta) row, bidirl's split from the planner (as ``sweep.py`` finds it), then at that
 split, mean samples/s over seeds 0-2 at chunk 8 of:
   areal            the static split: no streaming, no lending
-  bidirl-none      + streamed steps only (no lending)
-  bidirl-nostream  + both lending directions only (every step waits for its whole batch)
-  bidirl-rot       streamed steps + Rollout-on-TrainPool only
-  bidirl-tor       streamed steps + Trainer-on-RollPool only
+  bidirl-none      + streamed steps only (no lending, no request moved)
+  bidirl-nostream  + both lending directions and in-flight migration (every step waits for its whole batch)
+  bidirl-rot       streamed steps + Rollout-on-TrainPool + migration
+  bidirl-tor       streamed steps + Trainer-on-RollPool + migration (tails merge within the rollout pool)
+  bidirl-nomigrate streamed steps + both directions, no in-flight migration
   bidirl           everything
 each with its ratio to ``areal`` at the same split. Nothing here is tuned toward a ratio.
 """
@@ -24,7 +25,7 @@ from sweep import SEARCH_CHUNK, SEEDS, WORKLOADS, best_split, config
 
 from bidirl.sim.run import simulate
 
-ARMS = ["areal", "bidirl-none", "bidirl-nostream", "bidirl-rot", "bidirl-tor", "bidirl"]
+ARMS = ["areal", "bidirl-none", "bidirl-nostream", "bidirl-rot", "bidirl-tor", "bidirl-nomigrate", "bidirl"]
 
 
 def row(args) -> str:
