@@ -98,8 +98,8 @@ class VerlDynamicPolicy(AsyncPolicy):
         """veRL's ``dynamic_schedule_enable_rebalance``: a trainer lent to rollout takes requests in flight
         from the most loaded rollout devices (their oldest groups first, so the batch the train pool needs
         next is what it helps finish) until it holds the pool's mean load."""
-        if not self.migrating(cluster):
-            return
+        if not self.migrating(cluster) or self.lease_over(cluster):
+            return  # (a lent trainer whose lease is over goes home instead of taking more)
         takers = [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
                   and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
         pool = [d for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT
@@ -120,10 +120,13 @@ class VerlDynamicPolicy(AsyncPolicy):
                 load[source.index] -= groups
                 load[taker.index] += groups
 
+    def lease_over(self, cluster: Cluster) -> bool:
+        """A trainer lent to rollout goes home once idle: the next batch is fully admitted or can train."""
+        return self.next_batch_open(cluster) == 0 or cluster.batch_ready() or cluster.stream_ready()
+
     def end_trainer_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         for d in cluster.idle(Role.ROLLOUT):
-            if d.home is Role.TRAIN and not d.after_work and (self.next_batch_open(cluster) == 0 or cluster.batch_ready()
-                                                             or cluster.stream_ready()):
+            if d.home is Role.TRAIN and not d.after_work and self.lease_over(cluster):
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "lease ends: batch complete"))
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
@@ -260,7 +263,8 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         holders = self.tail_holders(cluster)
         takers = [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
-                  and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
+                  and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work
+                  and not self.step_can_start(cluster)]  # (a trainer the next step could use goes home)
         if not holders or (len(holders) < 2 and not takers) or all(cluster.admissible(d) <= 0 for d in holders):
             return
         target = takers[0] if takers else max(holders, key=lambda d: (cluster.inflight[d.index], -d.index))
@@ -273,8 +277,8 @@ class BidirlPolicy(VerlDynamicPolicy):
             moving = [(v, n) for v, n in sorted(cluster.inflight_by_version[d.index].items())
                       if target.home is Role.ROLLOUT or v <= due]
             groups = sum(n for _, n in moving)
-            if not groups or merged + groups > cluster.inflight_groups or moving[-1][0] > target.version:
-                continue
+            if not groups or merged + groups > cluster.inflight_groups or d.version > target.version:
+                continue  # (a tail continues only on weights at least as new as those it last decoded with)
             smallest = min(slowest, cluster.inflight[d.index])
             if est.merged_slowdown(smallest, merged + groups) > self.MERGE_SLOWDOWN:
                 continue
@@ -288,7 +292,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         start new groups -- if none is lent already, merging those groups stays within
         ``MERGE_SLOWDOWN``, and a tail's expected time left (half a chunk's time alone on a device)
         beats the two switches the lease costs."""
-        if not self.migrating(cluster) or cluster.training is not None or cluster.batch_ready():
+        if not self.migrating(cluster) or cluster.training is not None or self.step_can_start(cluster):
             return
         if any(d.home is Role.TRAIN and d.role is Role.ROLLOUT for d in cluster.devices):
             return

@@ -411,7 +411,8 @@ class Cluster:
         assert target.role is Role.ROLLOUT and target.state in (S.IDLE, S.GENERATING) and not target.after_work, \
             f"device {target.index} cannot take requests now ({target.role.value}, {target.state.value})"
         assert self.inflight[target.index] + groups <= self.inflight_groups, f"device {target.index} has no room"
-        assert target.version >= version, f"device {target.index} would continue v{version} groups with older weights"
+        assert target.version >= max(version, source.version), \
+            f"device {target.index} would continue v{version} groups with older weights than they were decoded with"
         for index, change in ((source.index, -groups), (target.index, groups)):
             self.inflight[index] += change
             self.inflight_by_version[index][version] += change

@@ -85,7 +85,7 @@ def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> 
 def switch_overheads(trace: Sequence[dict]) -> List[Dict[str, float]]:
     """Each switch followed by work: drain (DRAINING), switch itself (SWITCHING) and the gap until first
     useful work. A switch straight back without work in between (a lease that found its work gone) is
-    timed on its own, not as part of the next."""
+    left out, and the next switch is timed from its own start."""
     out, open_switch = [], {}
     for record in trace:
         device, to = record["device"], record["to"]

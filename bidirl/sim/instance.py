@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
@@ -130,7 +131,9 @@ class Instance:
         self._advance(now)
         for group, left, done in sequences:
             self.left[group] = self.left.get(group, 0) + 1
-            self.waiting.append((left, group, done))
+            # whole decode steps: a request stopped part-way through a step has that step to do again
+            # (and a sliver of a step left would finish at a time the clock cannot tell from now)
+            self.waiting.append((max(1, math.ceil(left - 1e-6)), group, done))
         self._join_waiting(now)
         self.epoch += 1
 

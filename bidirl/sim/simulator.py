@@ -232,6 +232,9 @@ class Simulator:
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
+        self.rejoin_counted = 0.0  # the step's wait for a home trainer back from a lease is counted up to here
+        if cluster.allows_migration and self.instances is None:
+            raise ValueError("moving requests in flight (Migrate) needs a cost model with continuous-batching instances")
 
     def push(self, time: float, event: Any) -> None:
         heapq.heappush(self.heap, (time, next(self.seq), event))
@@ -318,6 +321,7 @@ class Simulator:
 
     def _train(self, action: ev.Train, now: float) -> None:  # apply() composed the batch already
         cluster = self.cluster
+        self.rejoin_counted = 0.0
         parts = cluster.batch_chunks(cluster.version)
         self.fed = len(parts)
         epoch = next(self.step_epochs)
@@ -373,13 +377,14 @@ class Simulator:
         now = self.cluster.now  # (a home trainer joining after the work ran out: the step ends now)
         if self.pull_samples:
             self.push(max(now, self.step.last_start), CloseTick(self.step.epoch))
-        self.push(max(now, self.step.finish(self.step_communication(self.cluster.training_devices))),
+        self.push(max(now, self.step.finish()) + self.step_communication(self.cluster.training_devices),
                   StepTick(self.step.epoch))
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
-        ran_out = self.step.finish() if not self.cluster.streaming else now
+        ran_out = max(self.step.finish() if not self.cluster.streaming else now, self.rejoin_counted)
         if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
             self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
+            self.rejoin_counted = now
         if self.pull_samples:
             self.slots[action.device] = self.step.devices
             self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device))
@@ -411,6 +416,8 @@ class Simulator:
         short = action.groups - len(groups)
         if short:  # groups that finished at this very instant and are not reported yet: they count as
             self.count_as_done_on(action, short)  # done on the target
+        if source.done:  # other groups that finished at this instant: reported now, whatever runs there
+            self.push(now, Tick(action.source, source.epoch))
         self.dirty.update((action.source, action.device))
 
     def count_as_done_on(self, action: ev.Migrate, short: int) -> None:
