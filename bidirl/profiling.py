@@ -184,12 +184,13 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         if shares_a_host(cfg):
             decode_groups, (short, long_) = points[len(batch_sizes(cfg)) - 1]  # the largest batch, usual context
             neighbour_problems = problems[: min(cfg.launch.chunk_groups, groups)]  # a chunk, as a live device
+            def train_step() -> float:
+                return median_time(lambda: trainer.step(samples), 1)
+
             with Neighbour(cfg, model.path, neighbour_problems) as neighbour:
                 decode_beside = paired_slowdown(lambda: decode_step(decode_groups, short, long_)[0], neighbour, TRAIN)
-                train_beside_decode = paired_slowdown(lambda: median_time(lambda: trainer.step(samples), 1),
-                                                      neighbour, DECODE)
-                train_beside_train = paired_slowdown(lambda: median_time(lambda: trainer.step(samples), 1),
-                                                     neighbour, TRAIN)
+                train_beside_decode = paired_slowdown(train_step, neighbour, DECODE)
+                train_beside_train = paired_slowdown(train_step, neighbour, TRAIN)
             co_running = {"decode": decode_beside["factor"], "train": train_beside_decode["factor"],
                           "train_beside_train": train_beside_train["factor"],
                           "pairs": {"decode": decode_beside, "train": train_beside_decode,

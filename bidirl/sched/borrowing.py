@@ -100,8 +100,7 @@ class VerlDynamicPolicy(AsyncPolicy):
         next is what it helps finish) until it holds the pool's mean load."""
         if not self.migrating(cluster) or self.lease_over(cluster):
             return  # (a lent trainer whose lease is over goes home instead of taking more)
-        takers = [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
-                  and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
+        takers = self.lent_to_rollout(cluster)
         pool = [d for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT
                 and d.state is DeviceState.GENERATING and not d.after_work]
         if not takers or not pool:
@@ -119,6 +118,12 @@ class VerlDynamicPolicy(AsyncPolicy):
                 issue(cluster, actions, ev.Migrate(source.index, taker.index, groups, version))
                 load[source.index] -= groups
                 load[taker.index] += groups
+
+    @staticmethod
+    def lent_to_rollout(cluster: Cluster) -> List[Device]:
+        """Home trainers lent to rollout that can take requests now (idle or generating, nothing queued)."""
+        return [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
+                and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
 
     def lease_over(self, cluster: Cluster) -> bool:
         """A trainer lent to rollout goes home once idle: the next batch is fully admitted or can train."""
@@ -262,9 +267,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         if not self.migrating(cluster):
             return
         holders = self.tail_holders(cluster)
-        takers = [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
-                  and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work
-                  and not self.step_can_start(cluster)]  # (a trainer the next step could use goes home)
+        # (a lent trainer the next step could use goes home instead)
+        takers = [] if self.step_can_start(cluster) else self.lent_to_rollout(cluster)
         if not holders or (len(holders) < 2 and not takers) or all(cluster.admissible(d) <= 0 for d in holders):
             return
         target = takers[0] if takers else max(holders, key=lambda d: (cluster.inflight[d.index], -d.index))
@@ -296,8 +300,8 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         if any(d.home is Role.TRAIN and d.role is Role.ROLLOUT for d in cluster.devices):
             return
-        holders, due, est = self.tail_holders(cluster), cluster.version - cluster.eta, self.estimates
-        awaited = [sum(n for v, n in cluster.inflight_by_version[d.index].items() if v <= due) for d in holders]
+        holders, due, est = self.tail_holders(cluster), cluster.due_inflight(), self.estimates
+        awaited = [due.get(d.index, 0) for d in holders]
         if not any(awaited) or all(cluster.admissible(d) <= 0 for d in holders):
             return
         smallest = min(n for n in awaited if n)

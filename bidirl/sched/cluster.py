@@ -423,9 +423,7 @@ class Cluster:
         if target.idle:
             target.transition(S.GENERATING, self.now, reason, self._log)
         else:
-            self._log({"t": round(self.now, 6), "device": target.index, "from": target.state.value,
-                       "to": target.state.value, "role": target.role.value, "home": target.home.value,
-                       "version": target.version, "reason": reason})
+            self._log_unchanged(target, reason)
         if not self.inflight[source.index] and source.state in (S.GENERATING, S.DRAINING):
             self._work_finished(source, f"{groups} groups of v{version} moved to device {target.index}")
 
@@ -631,9 +629,13 @@ class Cluster:
             device = self.devices[index]
             cause = self.idle_cause(device)
             if cause != self.idle_causes.get(index):
-                self._log({"t": round(self.now, 6), "device": index, "from": "idle", "to": "idle",
-                           "role": device.role.value, "home": device.home.value, "version": device.version,
-                           "reason": f"idle: {cause}"})
+                self._log_unchanged(device, f"idle: {cause}")
+
+    def _log_unchanged(self, device: Device, reason: str) -> None:
+        """A trace record that keeps ``device``'s state and says why (a new idle cause, work taken over)."""
+        self._log({"t": round(self.now, 6), "device": device.index, "from": device.state.value,
+                   "to": device.state.value, "role": device.role.value, "home": device.home.value,
+                   "version": device.version, "reason": reason})
 
     def _log(self, record: dict) -> None:
         index = record["device"]

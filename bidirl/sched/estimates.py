@@ -16,8 +16,8 @@ decides; it never receives new numbers from outside. Providers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 
