@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bidirl.engines.hf_rollout import HFRolloutEngine
+from bidirl.engines.protocols import HandOver
 from bidirl.samples import SamplingParams
 from bidirl.engines.torch_train import TorchTrainEngine
 from bidirl.errors import BidirlError
@@ -196,3 +197,54 @@ def test_a_request_stopped_mid_generation_resumes_on_another_engine_intact(model
     assert mean_abs_logprob_gap(trainer, resumed) < 1e-4
     # a finished sample, or one already at its budget, is returned as it was
     assert target.continue_samples(resumed, SamplingParams(max_new_tokens=9)) == resumed
+
+
+class AskAfter(HandOver):
+    """A hand-over asked for after the engine has polled ``polls`` times (mid-generation, deterministically)."""
+
+    def __init__(self, polls: int, groups: int):
+        super().__init__(lambda n, indices, samples: self.handed.append((indices, samples)))
+        self.polls, self.groups, self.handed = polls, groups, []
+
+    def _tick(self) -> None:
+        self.polls -= 1
+        if self.polls == 0:
+            self.ask(self.groups)
+
+    def pending(self) -> bool:
+        self._tick()
+        return super().pending()
+
+    def wanted(self):
+        self._tick()
+        return super().wanted()
+
+
+@pytest.mark.parametrize("source_name,target_name", [("vllm", "hf"), ("hf", "vllm")])
+def test_groups_asked_for_mid_generation_are_handed_over_with_their_tokens_so_far_and_finish_elsewhere(
+        model_dir, vllm_engine, source_name, target_name):
+    """The live half of in-flight migration: the source stops the asked groups between two decode steps
+    and keeps generating the others; every group comes back exactly once, from one engine or the other,
+    and a moved sample continued on the other engine is one sequence the policy could have sampled."""
+    if not HAS_VLLM:
+        pytest.skip("vLLM not installed")
+    trainer = TorchTrainEngine(model_dir, small_config())
+    engines = {"hf": lambda: HFRolloutEngine(model_dir), "vllm": lambda: vllm_engine}
+    source, target = engines[source_name](), engines[target_name]()
+    for engine in (source, target):
+        engine.update_weights(trainer.state_dict(), 2)
+    params = SamplingParams(n=2, max_new_tokens=12, ignore_eos=True)
+    handover = AskAfter(polls=4, groups=2)
+    kept = source.generate(PROMPTS, params, handover)
+    [(moved_groups, moved)] = handover.handed  # one ask, one answer
+    assert len(moved_groups) == 2 and len(moved) == 2 * params.n
+    assert sorted(moved_groups + sorted({s.prompt_index for s in kept})) == [0, 1, 2]  # each group once
+    assert all(len(s.completion_ids) == 12 for s in kept)
+    assert all(0 < len(s.completion_ids) < 12 and not s.finished for s in moved)  # stopped mid-way
+    resumed = target.continue_samples(moved, params)
+    for before, after in zip(moved, resumed):
+        assert after.completion_ids[: len(before.completion_ids)] == before.completion_ids
+        assert len(after.completion_ids) == 12 and len(after.logprobs) == 12
+    assert mean_abs_logprob_gap(trainer, kept + resumed) < 1e-4
+    # an ask after the engine finished is refused (the caller settles it from the engine's result)
+    assert not handover.ask(1) and handover.wanted() == []

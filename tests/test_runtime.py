@@ -164,6 +164,28 @@ def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tm
     assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # lent devices generated with the newest weights
 
 
+def test_a_live_tail_is_stopped_mid_generation_and_finished_by_the_lent_trainer_with_every_group_trained_once(tmp_path):
+    # eta 1: when a new version exists the rollout device is still decoding older groups and cannot load
+    # it until they end; the idle trainer, lent, takes those groups over mid-generation (Migrate)
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl", "algorithm.staleness=1",
+                          "train.prompts_per_step=16", "train.steps=10", "train.micro_batch_size=2",
+                          "launch.chunk_groups=8")
+    summary = json.loads((root / "summary.json").read_text())
+    trace = read_jsonl(root / "trace.jsonl")
+    assert summary["migrations"] and all(m["source"] == 0 and m["device"] == 1 for m in summary["migrations"])
+    taken = [r for r in trace if re.match(r"takes over \d+ groups of v\d+ from device 0", r["reason"])]
+    assert taken and all(r["device"] == 1 and r["home"] == "train" and r["role"] == "rollout" for r in taken)
+    # at least one hand-over stopped requests that were still generating (the others finished first:
+    # the controller took them from the chunk's own result)
+    assert any(h["unfinished"] > 0 for h in summary["handovers"])
+    assert len(summary["handovers"]) <= len(summary["migrations"])
+    # nothing lost or doubled, and the bound held: every group of every batch trained once, staleness <= 1
+    assert set(summary["staleness_histogram"]) <= {"0", "1"} and sum(summary["staleness_histogram"].values()) == 10 * 16
+    steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["samples_consumed"] for r in steps] == [16 * 4 * k for k in range(1, 11)]
+    assert trace[-1]["role"] == trace[-1]["home"] and summary["final_version"] == 10
+
+
 def test_live_steps_stream_at_eta_0_start_on_the_groups_done_and_step_once_all_are_in(tmp_path):
     # bidirl-tor keeps the trainer home, so every step has groups still generating when it starts
     root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl-tor", "algorithm.staleness=0",

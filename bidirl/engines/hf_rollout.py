@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.engines.protocols import PauseGate
+from bidirl.engines.protocols import HandOver, PauseGate, choose_groups
 from bidirl.samples import Sample, SamplingParams
 from bidirl.models.sources import load_model
 
@@ -30,28 +30,66 @@ class HFRolloutEngine(PauseGate):
         self._calls = 0
         self._seed = seed
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
+    def generate(self, prompts: Sequence[str], params: SamplingParams,
+                 handover: Optional[HandOver] = None) -> List[Sample]:
+        """With ``handover``, ``model.generate`` stops (a stopping criterion) as soon as groups are asked
+        for; they are handed over with their tokens so far, and the rest continue here (re-prefilled:
+        this engine has no request-level abort)."""
         per_call = max(1, self.max_batch // params.n)
+        stop = handover.pending if handover is not None else None
         samples: List[Sample] = []
+        held: Dict[int, List[Sample]] = {}  # (with handover) prompt index -> its samples, still held
         for start in range(0, len(prompts), per_call):
             self.wait_if_paused()  # paused engines finish the chunk in flight, then wait here
             chunk = prompts[start : start + per_call]
-            for sample in self._generate_chunk(chunk, params):
+            for sample in self._generate_chunk(chunk, params, stop):
                 sample.prompt_index += start
                 samples.append(sample)
-        return samples
+                held.setdefault(sample.prompt_index, []).append(sample)
+            if handover is not None:
+                self._serve(handover, held, params)
+        if handover is None:
+            return samples
+        handover.close()
+        return [s for index in sorted(held) for s in held[index]]
 
-    def _generate_chunk(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
+    def _serve(self, handover: HandOver, held: Dict[int, List[Sample]], params: SamplingParams) -> None:
+        """Answers the asks, then continues the unfinished samples still held, until none is left."""
+        while True:
+            for groups in handover.wanted():
+                running = {i: sum(1 for s in ss if not s.finished and s.budget_left(params.max_new_tokens))
+                           for i, ss in held.items()}
+                chosen = choose_groups(running, sorted(held), groups)
+                handover.give(chosen, [s for i in chosen for s in held.pop(i)])
+            todo = [s for ss in held.values() for s in ss if not s.finished and s.budget_left(params.max_new_tokens)]
+            if not todo:
+                return
+            resumed = dict(zip(map(id, todo), self._continue(todo, params, handover.pending)))
+            for index, ss in held.items():
+                held[index] = [resumed.get(id(s), s) for s in ss]
+
+    def _generate_chunk(self, prompts: Sequence[str], params: SamplingParams,
+                        stop: Optional[Callable[[], bool]] = None) -> List[Sample]:
         enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-        new_tokens, logp = self._sample_tokens(enc["input_ids"], enc["attention_mask"], params)
+        new_tokens, logp = self._sample_tokens(enc["input_ids"], enc["attention_mask"], params, stop)
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
         return [self._sample(i // params.n, prompt_ids[i // params.n], new_tokens[i], logp[i])
                 for i in range(new_tokens.shape[0])]
 
-    def _sample_tokens(self, input_ids: Any, attention_mask: Any, params: SamplingParams) -> Tuple[Any, Any]:
+    def _sample_tokens(self, input_ids: Any, attention_mask: Any, params: SamplingParams,
+                       stop: Optional[Callable[[], bool]] = None) -> Tuple[Any, Any]:
         """Sampled continuations of left-padded ``input_ids`` ([B*n, steps] tokens) and each token's
-        behaviour log-prob under ``softmax(logits / T)``."""
+        behaviour log-prob under ``softmax(logits / T)``; every row stops early once ``stop()`` is true."""
         torch = self.torch
+        criteria = None
+        if stop is not None:
+            from transformers import StoppingCriteria, StoppingCriteriaList
+
+            class StopWhenAsked(StoppingCriteria):
+                def __call__(self, ids: Any, scores: Any, **kwargs: Any) -> Any:
+                    return torch.full((ids.shape[0],), stop(), dtype=torch.bool)
+
+            criteria = StoppingCriteriaList([StopWhenAsked()])
         self._calls += 1
         torch.manual_seed((params.seed if params.seed is not None else self._seed) * 1_000_003 + self._calls)
         greedy = params.temperature <= 0
@@ -62,6 +100,7 @@ class HFRolloutEngine(PauseGate):
                 temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
                 top_k=None, num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                stopping_criteria=criteria,
             )
         new_tokens = out.sequences[:, input_ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1).float()  # [B*n, steps, vocab]
@@ -83,6 +122,10 @@ class HFRolloutEngine(PauseGate):
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
         """Left-padded prefixes, generated to the longest remaining budget; each continuation is then cut
         to its own (a token past a request's budget would never have been sampled for it)."""
+        return self._continue(partial, params)
+
+    def _continue(self, partial: Sequence[Sample], params: SamplingParams,
+                  stop: Optional[Callable[[], bool]] = None) -> List[Sample]:
         torch = self.torch
         todo = [s for s in partial if s.budget_left(params.max_new_tokens)]
         resumed = {}
@@ -95,7 +138,8 @@ class HFRolloutEngine(PauseGate):
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in prefixes])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes])
             budget = max(s.budget_left(params.max_new_tokens) for s in batch)
-            new_tokens, logp = self._sample_tokens(ids, mask, dataclasses.replace(params, n=1, max_new_tokens=budget))
+            new_tokens, logp = self._sample_tokens(ids, mask, dataclasses.replace(params, n=1, max_new_tokens=budget),
+                                                   stop)
             for row, sample in enumerate(batch):
                 tokens, finished = self._until_eos(new_tokens[row].tolist()[: sample.budget_left(params.max_new_tokens)])
                 text = self.tokenizer.decode(list(sample.completion_ids) + tokens, skip_special_tokens=True)

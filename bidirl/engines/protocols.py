@@ -9,7 +9,7 @@ chosen once by name (:mod:`bidirl.engines`); callers only ever use what is writt
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from bidirl.samples import Sample, SamplingParams
 
@@ -18,7 +18,14 @@ class RolloutEngine(Protocol):
     tokenizer: Any  # the model's tokenizer (chat templates, prompt encoding)
     version: int  # policy version of the weights it serves; update_weights sets it
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]: ...
+    def generate(self, prompts: Sequence[str], params: SamplingParams,
+                 handover: Optional["HandOver"] = None) -> List[Sample]:
+        """``params.n`` samples per prompt, in prompt order. With ``handover``, another thread may ask,
+        while this runs, for some prompt groups to be stopped and handed over mid-generation (in-flight
+        migration): between two decode steps the engine stops them and gives their samples so far to
+        ``handover`` (finished ones whole, the rest with ``finished=False``, to be continued elsewhere
+        with :meth:`continue_samples`); it returns only the groups it kept."""
+        ...
 
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
         """Continues each unfinished sample -- a request stopped mid-generation, here or on another engine
@@ -95,3 +102,54 @@ class PauseGate:
 
     def resume(self) -> None:
         self._running_gate.set()
+
+
+class HandOver:
+    """Prompt groups asked for by another thread while an engine generates them (in-flight migration).
+
+    The asking thread calls :meth:`ask` (how many groups, and what to do with their samples); the
+    engine polls :meth:`wanted` between decode steps -- the only points where a request can stop with
+    every token it has so far, each with its behaviour log-prob -- and calls :meth:`give` once per ask,
+    in order. Groups with requests still running go first (that is the tail worth moving), then
+    finished ones. :meth:`close` ends the window: an ask that comes later (the groups finished first)
+    is refused, and the caller settles it from the engine's own result instead."""
+
+    def __init__(self, deliver: Callable[[int, List[int], List[Sample]], None]):
+        self.deliver = deliver  # (asks answered so far, prompt indices handed over, their samples)
+        self._lock = threading.Lock()
+        self._asked: List[int] = []
+        self._open = True
+        self.given = 0
+
+    def ask(self, groups: int) -> bool:
+        with self._lock:
+            if self._open:
+                self._asked.append(groups)
+            return self._open
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._asked)
+
+    def wanted(self) -> List[int]:
+        """Asks not yet answered (group counts, oldest first); the engine answers each with ``give``."""
+        with self._lock:
+            asked, self._asked = self._asked, []
+            return asked
+
+    def give(self, prompt_indices: List[int], samples: List[Sample]) -> None:
+        self.deliver(self.given, prompt_indices, samples)
+        self.given += 1
+
+    def close(self) -> None:
+        """Generation is over: later asks are refused (and asks not yet polled are dropped)."""
+        with self._lock:
+            self._open = False
+            self._asked = []
+
+
+def choose_groups(running: Dict[int, int], available: Sequence[int], groups: int) -> List[int]:
+    """The prompt groups to hand over: those with the most requests still running first (the tail),
+    then finished ones, ``groups`` in all, from ``available`` (prompt indices still held)."""
+    order = sorted(available, key=lambda i: (-running.get(i, 0), i))
+    return sorted(order[:groups])

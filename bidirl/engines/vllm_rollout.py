@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-from bidirl.engines.protocols import PauseGate
+from bidirl.engines.protocols import HandOver, PauseGate, choose_groups
 from bidirl.samples import Sample, SamplingParams
 from bidirl.errors import BidirlError
 
@@ -50,13 +50,15 @@ class VLLMRolloutEngine(PauseGate):
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.version = 0
+        self._batch = 0  # interruptible generate calls so far (unique request ids)
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams) -> List[Sample]:
-        from vllm import SamplingParams as VSamplingParams
-
+    def generate(self, prompts: Sequence[str], params: SamplingParams,
+                 handover: Optional[HandOver] = None) -> List[Sample]:
         self.wait_if_paused()
         sampling = vllm_sampling(params, params.n, params.max_new_tokens)
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
+        if handover is not None:
+            return self._generate_interruptible(requests, params, handover)
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         samples = []
         for index, output in enumerate(outputs):
@@ -66,6 +68,59 @@ class VLLMRolloutEngine(PauseGate):
                 samples.append(Sample(index, list(output.prompt_token_ids), ids, completion.text, logprobs,
                                       self.version, finished))
         return samples
+
+    def _generate_interruptible(self, requests: List[Dict[str, Any]], params: SamplingParams,
+                                handover: HandOver) -> List[Sample]:
+        """The engine's step loop run here, so that between two decode steps groups can be stopped
+        (``abort_request``) and handed over with every token so far. One request per sample (n = 1, the
+        prompt shared through the prefix cache), streamed as deltas, so a stopped request's tokens and
+        log-probs are exactly what it generated."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        sampling = vllm_sampling(params, 1, params.max_new_tokens)
+        sampling.output_kind = RequestOutputKind.DELTA
+        self._batch += 1
+        ids = {}  # request id -> (prompt index, sample index)
+        samples: Dict[int, List[Sample]] = {}
+        for index, request in enumerate(requests):
+            samples[index] = [Sample(index, list(request["prompt_token_ids"]), [], "", [], self.version, False)
+                              for _ in range(params.n)]
+            for j in range(params.n):
+                request_id = f"b{self._batch}-{index}-{j}"
+                ids[request_id] = (index, j)
+                engine.add_request(request_id, request, sampling)
+        running = set(ids)
+        while running:
+            for groups in handover.wanted():
+                per_group = {}
+                for request_id in running:
+                    per_group[ids[request_id][0]] = per_group.get(ids[request_id][0], 0) + 1
+                chosen = choose_groups(per_group, sorted(samples), groups)
+                stopped = [r for r in running if ids[r][0] in chosen]
+                if stopped:
+                    engine.abort_request(stopped)
+                    running.difference_update(stopped)
+                handover.give(chosen, [self._with_text(s) for i in chosen for s in samples.pop(i)])
+            if not running:
+                break
+            for output in engine.step():
+                if output.request_id not in ids or output.request_id not in running:
+                    continue  # (an aborted request's last delta)
+                index, j = ids[output.request_id]
+                completion, sample = output.outputs[0], samples[index][j]
+                new_ids, logprobs = completion_tokens(completion)
+                sample.completion_ids += new_ids
+                sample.logprobs += logprobs
+                if output.finished:
+                    sample.finished = completion.finish_reason == "stop"
+                    running.discard(output.request_id)
+        handover.close()
+        return [self._with_text(s) for index in sorted(samples) for s in samples[index]]
+
+    def _with_text(self, sample: Sample) -> Sample:
+        sample.text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+        return sample
 
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
         self.wait_if_paused()

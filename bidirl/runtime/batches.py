@@ -74,12 +74,12 @@ class RolloutData:
                                  answers=tuple(p.answer for p in problems))
 
     # 2-3. rollout came back: group the rewarded samples by prompt
-    def collect(self, reply: msg.ChunkGenerated) -> int:
-        by_prompt: Dict[int, List[Sample]] = {}
-        for sample in reply.samples:
-            by_prompt.setdefault(sample.prompt_index, []).append(sample)
-        self.groups[reply.chunk] = [by_prompt[i] for i in sorted(by_prompt)]
-        self.seconds[reply.chunk] = reply.seconds
+    def collect(self, chunk: int, samples: Sequence[Sample], seconds: float) -> int:
+        """Groups of ``chunk`` done on one device (all of it, or -- in-flight migration -- the part that
+        device finished); returns how many."""
+        by_prompt = by_group(samples)
+        self.groups.setdefault(chunk, []).extend(by_prompt[i] for i in sorted(by_prompt))
+        self.seconds[chunk] = self.seconds.get(chunk, 0.0) + seconds
         return len(by_prompt)
 
     # 4-6. a batch the scheduler composed -> its queue of micro-batches
@@ -141,6 +141,14 @@ class StreamedBatch:
             scale = 1.0 / max(1, len(self.informative))
         stats = batch_stats(self.k, self.samples, self.informative, self.rollout_s)
         return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale)
+
+
+def by_group(samples: Sequence[Sample]) -> Dict[int, List[Sample]]:
+    """Samples by prompt group (index within their chunk), in order."""
+    groups: Dict[int, List[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.prompt_index, []).append(sample)
+    return groups
 
 
 def informative_samples(samples: Sequence[Sample]) -> List[Sample]:

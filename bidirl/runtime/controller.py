@@ -37,6 +37,14 @@ while those it must contain still generate (at eta 0 the rest of version k, at e
 each chunk that finishes later is turned into micro-batches at once (``feed_stream``) and pulled by the
 step's devices, which wait meanwhile; ``FinishStep`` comes only once every group is in and computed.
 
+In-flight migration (``Migrate``): the bookkeeping moves the groups at once; the controller asks the
+source on its *side* queue (``HandOverGroups``: its main thread is generating, its receiver thread is
+free), the source's engine stops that many groups between two decode steps and posts their samples so
+far (``GroupsHandedOver``), and the target continues them (``ContinueGroups``: the tokens and
+behaviour log-probs so far unchanged, the new ones with the target's version) and reports them done
+itself. An ask that arrives after the source finished those groups is settled from the source's own
+``ChunkGenerated``: they go to the target finished, and it reports them, as the bookkeeping expects.
+
 Leases expire: a borrowed device that has not answered its micro-batch within the lease timeout leaves
 the step (``LeaseExpired``); what it computed goes back to the queue and its late reply is discarded.
 The controller then waits for replies with a timeout (``lease_wait``) instead of blocking.
@@ -46,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -55,7 +63,7 @@ from bidirl.errors import BidirlError
 from bidirl.prompts import PromptBuilder
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
-from bidirl.runtime.batches import Batch, RolloutData, StreamedBatch
+from bidirl.runtime.batches import Batch, RolloutData, StreamedBatch, by_group
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import assemble
@@ -110,7 +118,9 @@ class Controller:
                                              choose)
         assembly = assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), self.measured, self.replanner)
         self.policy, self.cluster = assembly.policy, assembly.cluster
-        self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path)))
+        self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
+                                              migrates=self.cluster.allows_migration and self.policy.migrates
+                                              and devices > 1))
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
         self.data.sampler  # reads the problems now, before the run's clock starts
         self.report = RunReport(cfg, run)
@@ -121,6 +131,11 @@ class Controller:
         self.sync_started = 0.0
         self.shared_states: List[msg.TrainStateShared] = []
         self.slowest_item_s = 0.0  # the slowest micro-batch measured so far (the lease timeout follows it)
+        # in-flight migration: groups each device holds per chunk (as the bookkeeping counts them), asks
+        # sent to a source not yet answered ((source, chunk) -> [(target, groups)]), chunks split so
+        self.held: Dict[int, Counter] = {d: Counter() for d in range(devices)}
+        self.asked: Dict[Tuple[int, int], deque] = {}
+        self.split_chunks: Set[int] = set()
 
     # ---- main loop -------------------------------------------------------------------------------
     def run_all(self) -> Dict[str, Any]:
@@ -183,10 +198,44 @@ class Controller:
             raise BidirlError(f"device {reply.device} sent an unexpected {type(reply).__name__}")
         return handler(self, reply)
 
-    def _chunk_generated(self, reply: msg.ChunkGenerated) -> ev.Event:
-        groups = self.data.collect(reply)
-        self.measured.chunk(reply.seconds, groups)
-        return ev.ChunkDone(reply.device, reply.chunk)
+    def _chunk_generated(self, reply: msg.ChunkGenerated) -> Optional[ev.Event]:
+        """A chunk, or the part of one this device holds, is done. Groups asked of it that it finished
+        before it saw the ask go on to their target now, finished (it reports them, as the bookkeeping
+        expects)."""
+        samples = by_group(reply.samples)
+        for target, groups in self.asked.pop((reply.device, reply.chunk), ()):
+            moved = sorted(samples)[-groups:]
+            self.continue_on(target, reply.chunk, [s for i in moved for s in samples.pop(i)])
+        kept = [s for i in sorted(samples) for s in samples[i]]
+        held = self.held[reply.device]
+        assert len(samples) <= held[reply.chunk], \
+            f"device {reply.device} returned {len(samples)} groups of chunk {reply.chunk}, holds {held[reply.chunk]}"
+        held[reply.chunk] -= len(samples)  # (a device may continue two parts of one chunk, one reply each)
+        if not held[reply.chunk]:
+            del held[reply.chunk]
+        if not samples:
+            return None  # every group it held went elsewhere (the bookkeeping already knows)
+        groups = self.data.collect(reply.chunk, kept, reply.seconds)
+        if reply.chunk not in self.split_chunks:
+            self.measured.chunk(reply.seconds, groups)  # (a chunk split between devices times neither)
+        return ev.ChunkDone(reply.device, reply.chunk, groups)
+
+    def _groups_handed_over(self, reply: msg.GroupsHandedOver) -> None:
+        """A source stopped groups mid-generation: the oldest ask of it is answered, the target continues them."""
+        key = (reply.device, reply.chunk)
+        target, groups = self.asked[key].popleft()
+        if not self.asked[key]:
+            del self.asked[key]
+        assert len(by_group(reply.samples)) == groups, f"asked device {reply.device} for {groups} groups"
+        self.continue_on(target, reply.chunk, reply.samples)
+        self.report.handovers.append({"t": round(self.report.elapsed(), 4), "source": reply.device, "device": target,
+                                      "chunk": reply.chunk, "groups": groups,
+                                      "unfinished": sum(not s.finished for s in reply.samples),
+                                      "tokens_so_far": sum(len(s.completion_ids) for s in reply.samples)})
+        return None
+
+    def continue_on(self, target: int, chunk: int, samples: List[Any]) -> None:
+        self.mailbox.send(target, msg.ContinueGroups(chunk, tuple(samples), self.data.params))
 
     def _role_switched(self, reply: msg.RoleSwitched) -> ev.Event:
         self.report.switches.append(reply)
@@ -267,7 +316,7 @@ class Controller:
         self.shared_states.append(reply)  # the new trainer's RoleSwitched is the event
         return None
 
-    TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.RoleSwitched: _role_switched,
+    TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsHandedOver: _groups_handed_over, msg.RoleSwitched: _role_switched,
                  msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
                  msg.GradsComputed: _grads_computed,
                  msg.TrainStateShared: _train_state_shared}
@@ -290,7 +339,9 @@ class Controller:
 
     # ---- actions -> commands ---------------------------------------------------------------------
     def _generate(self, action: ev.Generate) -> None:
-        self.mailbox.send(action.device, self.data.request(self.cluster.start_chunk(action)))
+        chunk = self.cluster.start_chunk(action)
+        self.held[action.device][chunk.index] += chunk.groups
+        self.mailbox.send(action.device, self.data.request(chunk))
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first
@@ -371,8 +422,21 @@ class Controller:
         self.pull(action.device)
 
     def _migrate(self, action: ev.Migrate) -> None:
-        # (the bookkeeping refuses Migrate first: this driver says allows_migration=False)
-        raise NotImplementedError("the live runtime cannot move requests in flight yet (generation is not interruptible)")
+        """Ask the source (on its side queue: its main thread is generating) to stop ``action.groups`` groups
+        of that version and hand them over; the target continues them (``_groups_handed_over``), or, if the
+        source finished them first, gets them finished from its ``ChunkGenerated``."""
+        left = action.groups
+        for chunk in sorted(self.held[action.source]):
+            if left == 0 or self.cluster.chunks[chunk].version != action.version:
+                continue
+            groups = min(left, self.held[action.source][chunk])
+            left -= groups
+            self.held[action.source][chunk] -= groups
+            self.held[action.device][chunk] += groups
+            self.split_chunks.add(chunk)
+            self.asked.setdefault((action.source, chunk), deque()).append((action.device, groups))
+            self.mailbox.send_weights(action.source, msg.HandOverGroups(chunk, groups))
+        assert left == 0, f"device {action.source} holds fewer than {action.groups} groups of v{action.version}"
 
     def _rehome(self, action: ev.Rehome) -> None:
         # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary

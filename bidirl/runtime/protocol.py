@@ -46,6 +46,8 @@ class Plan:
     primary: int  # the primary trainer: the only optimizer, the source of versions
     homes: Tuple[Role, ...]  # home pool per device
     run_path: str
+    # may the policy move requests in flight (Migrate)? Then rollout devices generate interruptibly
+    migrates: bool = False
 
 
 # ---- commands (controller -> worker) ----------------------------------------------------------
@@ -62,6 +64,29 @@ class GenerateChunk(Command):
     first_group: int  # sequence number of the chunk's first prompt group
     prompts: Tuple[str, ...]
     answers: Tuple[str, ...]  # reference answers, for the reward
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class HandOverGroups(Command):
+    """In-flight migration, to the source's *side* queue (its main thread is busy generating): stop
+    ``groups`` prompt groups of ``chunk`` at the next decode step and hand them over
+    (``GroupsHandedOver``). Ignored if the chunk is no longer generating: the controller then takes the
+    groups out of the chunk's own ``ChunkGenerated``."""
+
+    handler = "hand_over"
+    chunk: int
+    groups: int
+
+
+@dataclass(frozen=True)
+class ContinueGroups(Command):
+    """In-flight migration, to the target: continue these samples of ``chunk`` (tokens so far kept,
+    finished ones returned as they are), reward them, and answer ``ChunkGenerated``."""
+
+    handler = "continue_groups"
+    chunk: int
+    samples: Tuple[Sample, ...]  # whole groups; each sample's extra carries its group and reference answer
     params: SamplingParams
 
 
@@ -155,7 +180,7 @@ class Stop(Command):
     handler = "stop"
 
 
-COMMANDS: Tuple[type, ...] = (GenerateChunk, ComputeGrads, FinishStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
+COMMANDS: Tuple[type, ...] = (GenerateChunk, HandOverGroups, ContinueGroups, ComputeGrads, FinishStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
                               ChangeHome, ShareTrainState, EvaluateSnapshots, SaveCheckpoint, Stop)
 
 # ---- replies (worker -> controller) ------------------------------------------------------------
@@ -178,6 +203,14 @@ class ChunkGenerated(Reply):
     chunk: int
     samples: List[Sample]  # rewarded, in prompt order
     version: int
+
+
+@dataclass
+class GroupsHandedOver(Reply):
+    """Groups of ``chunk`` stopped mid-generation on this device (``HandOverGroups``), their samples so far."""
+
+    chunk: int
+    samples: List[Sample]
 
 
 @dataclass
@@ -243,7 +276,7 @@ class Stopped(Reply):
     pass
 
 
-REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GradsComputed, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched,
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsHandedOver, GradsComputed, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched,
                              TrainStateShared, Evaluated, CheckpointSaved, Stopped)
 
 Message = Any  # a Plan, a Command or a Reply

@@ -36,6 +36,7 @@ class RunReport:
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
+        self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.t0 = time.perf_counter()
 
     def start(self) -> None:
@@ -103,6 +104,9 @@ class RunReport:
             "idle_ratio": idle, "time_breakdown": breakdown, "stream_wait_s": round(self.stream_wait_s, 3),
             "expired_leases": [{"t": round(t, 3), "device": d, "batch": k} for t, d, k in cluster.expired_leases],
             "discarded_grads": self.discarded_grads,
+            "migrations": [{"t": round(t, 3), "source": a, "device": b, "groups": n, "version": v}
+                           for t, a, b, n, v in cluster.migrations],
+            "handovers": self.handovers,
             "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
             "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
             "sync_transfer_median_s": round(median(m.transfer_s for m in self.staged), 4),

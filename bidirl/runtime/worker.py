@@ -43,10 +43,11 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.engines.build import build_rollout_engine, build_train_engine
+from bidirl.engines.protocols import HandOver
 from bidirl.reward import numeric_reward
 from bidirl.runtime import protocol as msg
 from bidirl.runtime.groups import Groups
@@ -81,6 +82,11 @@ class Worker:
         self.staged_ready = threading.Condition()
         self.step_stats: Dict[int, Dict[str, Any]] = {}  # the step in progress -> this device's statistics so far
         self.stalled = False  # (fault injection: stall_if_told)
+        # in-flight migration: the chunk generating interruptibly now, and its hand-over window (the side
+        # thread asks, the engine answers between decode steps)
+        self.migrates = plan.migrates
+        self.handover_lock = threading.Lock()
+        self.handover: Optional[Tuple[int, HandOver]] = None
         if device == self.primary:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -112,13 +118,42 @@ class Worker:
 
     # ---- commands (one method per protocol command) -------------------------------------------
     def generate(self, command: msg.GenerateChunk) -> msg.ChunkGenerated:
+        def label(samples: List[Sample]) -> List[Sample]:
+            for sample in samples:
+                sample.extra["group"] = command.first_group + sample.prompt_index
+                sample.extra["answer"] = command.answers[sample.prompt_index]
+            return samples
+
+        def hand_over(_: int, groups: List[int], samples: List[Sample]) -> None:  # (from inside the engine)
+            self.mailbox.post(msg.GroupsHandedOver(device=self.device, chunk=command.chunk, samples=label(samples)))
+
+        handover = HandOver(hand_over) if self.migrates else None
+        with self.handover_lock:
+            self.handover = (command.chunk, handover) if handover else None
         with self.doing(S.GENERATING, f"chunk {command.chunk}"):
-            samples = self.rollout.generate(command.prompts, command.params)
+            samples = self.rollout.generate(command.prompts, command.params, handover)
+        with self.handover_lock:
+            self.handover = None
+        return msg.ChunkGenerated(chunk=command.chunk, samples=self.rewarded(label(samples)), version=self.rollout.version)
+
+    def rewarded(self, samples: List[Sample]) -> List[Sample]:
         for sample in samples:
-            sample.reward = numeric_reward(sample.text, command.answers[sample.prompt_index],
-                                           self.cfg.algorithm.format_reward)
-            sample.extra["group"] = command.first_group + sample.prompt_index
-        return msg.ChunkGenerated(chunk=command.chunk, samples=samples, version=self.rollout.version)
+            sample.reward = numeric_reward(sample.text, sample.extra["answer"], self.cfg.algorithm.format_reward)
+        return samples
+
+    def hand_over(self, command: msg.HandOverGroups) -> None:
+        """Side thread: ask the engine generating ``command.chunk`` for some of its groups (it answers
+        between decode steps). A chunk no longer generating ignores it (see ``HandOverGroups``)."""
+        with self.handover_lock:
+            if self.handover is not None and self.handover[0] == command.chunk:
+                self.handover[1].ask(command.groups)
+        return None
+
+    def continue_groups(self, command: msg.ContinueGroups) -> msg.ChunkGenerated:
+        """Groups moved here mid-generation: continued with the weights this device holds."""
+        with self.doing(S.GENERATING, f"chunk {command.chunk}: {len(command.samples)} samples moved here"):
+            samples = self.rollout.continue_samples(command.samples, command.params)
+        return msg.ChunkGenerated(chunk=command.chunk, samples=self.rewarded(samples), version=self.rollout.version)
 
     def compute_grads(self, command: msg.ComputeGrads) -> msg.GradsComputed:
         """One pulled micro-batch: its gradients are added to the step's (the model's ``.grad``)."""
@@ -192,7 +227,9 @@ class Worker:
             command = mailbox.next_weights_command(self.device)
             if isinstance(command, msg.Stop):
                 return
-            mailbox.post(self.receive(command))
+            reply = getattr(self, command.handler)(command)  # receive, or hand_over (no reply)
+            if reply is not None:
+                mailbox.post(reply)
 
     def load(self, command: msg.LoadWeights) -> msg.WeightsLoaded:
         """Apply a staged version (the safe point is now: between commands)."""

@@ -63,7 +63,7 @@ class DriverCapabilities:
 
 
 LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True,
-                          pulls_micro_batches=True)
+                          pulls_micro_batches=True, migrates=True)
 
 
 @dataclass

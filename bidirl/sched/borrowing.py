@@ -65,7 +65,7 @@ class VerlDynamicPolicy(AsyncPolicy):
 
     name = "verl-dynamic"
     needs_estimates = True
-    migrates = True  # requests in flight move onto lent trainers, where the driver can move them
+    migrates = True  # requests in flight move onto lent trainers
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         self.rebalance(cluster, actions)
@@ -249,12 +249,19 @@ class BidirlPolicy(VerlDynamicPolicy):
     # ---- in-flight migration: the tail consolidated, on a lent trainer where one is idle -------------
     @staticmethod
     def tail_holders(cluster: Cluster) -> List[Device]:
-        """Rollout-pool devices decoding only groups older than the weights they hold: the placement rule
-        (``fill_rollout``) gives them no new groups until that tail ends, so each decodes a few sequences
-        at a fraction of its capacity while admissible work waits."""
+        """Rollout-pool devices decoding only groups older than the weights they hold -- or will load once
+        that work ends, where generation cannot be interrupted for a load (the live runtime): the
+        placement rule (``fill_rollout``) gives them no new groups until that tail ends, so each decodes
+        a few sequences at a fraction of its capacity while admissible work waits."""
         return [d for d in cluster.devices
                 if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT and d.state is DeviceState.GENERATING
-                and not d.after_work and cluster.inflight[d.index] and max(cluster.inflight_by_version[d.index]) < d.version]
+                and d.after_work in ([], ["load"]) and cluster.inflight[d.index]
+                and max(cluster.inflight_by_version[d.index]) < cluster.weights_next(d)]
+
+    @staticmethod
+    def admissible_next(cluster: Cluster, device: Device) -> int:
+        """Groups ``device`` could start once its tail has gone, with the weights it will then hold."""
+        return cluster.admission_limit(cluster.weights_next(device)) - cluster.admitted
 
     def consolidate_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Move the older tails of rollout devices onto one -- a lent trainer serving rollout if there is
@@ -269,9 +276,12 @@ class BidirlPolicy(VerlDynamicPolicy):
         holders = self.tail_holders(cluster)
         # (a lent trainer the next step could use goes home instead)
         takers = [] if self.step_can_start(cluster) else self.lent_to_rollout(cluster)
-        if not holders or (len(holders) < 2 and not takers) or all(cluster.admissible(d) <= 0 for d in holders):
+        if not holders or all(self.admissible_next(cluster, d) <= 0 for d in holders):
             return
-        target = takers[0] if takers else max(holders, key=lambda d: (cluster.inflight[d.index], -d.index))
+        can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
+        if not takers and (len(holders) < 2 or not can_take):
+            return
+        target = takers[0] if takers else max(can_take, key=lambda d: (cluster.inflight[d.index], -d.index))
         due, est = cluster.version - cluster.eta, self.estimates
         merged = cluster.inflight[target.index]
         slowest = merged or math.inf  # the smallest decode batch a merge so far would slow down
@@ -291,25 +301,27 @@ class BidirlPolicy(VerlDynamicPolicy):
             merged, slowest = merged + groups, smallest
 
     def lend_for_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """One home trainer (never the primary), idle while its next batch is not ready, is lent to take
-        over the groups of the rollout pool's older tails that batch awaits, so the devices holding them
-        start new groups -- if none is lent already, merging those groups stays within
-        ``MERGE_SLOWDOWN``, and a tail's expected time left (half a chunk's time alone on a device)
-        beats the two switches the lease costs."""
+        """One home trainer (the primary only if it is the train pool's one device), idle while its next
+        batch is not ready, is lent to take over the groups of the rollout pool's older tails that batch
+        awaits, so the devices holding them start new groups -- if none is lent already, merging those
+        groups stays within ``MERGE_SLOWDOWN``, and a tail's expected time left (half a chunk's time
+        alone on a device) beats the two switches the lease costs."""
         if not self.migrating(cluster) or cluster.training is not None or self.step_can_start(cluster):
             return
         if any(d.home is Role.TRAIN and d.role is Role.ROLLOUT for d in cluster.devices):
             return
         holders, due, est = self.tail_holders(cluster), cluster.due_inflight(), self.estimates
         awaited = [due.get(d.index, 0) for d in holders]
-        if not any(awaited) or all(cluster.admissible(d) <= 0 for d in holders):
+        if not any(awaited) or all(self.admissible_next(cluster, d) <= 0 for d in holders):
             return
         smallest = min(n for n in awaited if n)
         if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or \
                 0.5 * est.lease_s(cluster.chunk_groups) <= 2 * est.switch_s:
             return
+        alone = len(cluster.pool(Role.TRAIN)) == 1  # the primary may go only if no other trainer could
         for d in cluster.idle(Role.TRAIN):
-            if d.home is Role.TRAIN and d.index != cluster.primary and not d.after_work and d.version == cluster.version:
+            if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
+                    and d.version == cluster.version:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over the older tails"))
                 return
 

@@ -213,6 +213,11 @@ class Cluster:
         return (working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
                 and self.inflight[device.index] + groups <= self.inflight_groups)
 
+    def weights_next(self, device: Device) -> int:
+        """The version ``device`` will generate with next: the one it holds, or the one it loads once its
+        work in flight ends (a driver that cannot interrupt generation queues the load behind it)."""
+        return device.loading if "load" in device.after_work else device.version
+
     def decoding_older_tail(self, device: Device) -> bool:
         """Is ``device`` still decoding groups started with weights older than those it now holds (the
         tail of an earlier version, after a load interrupted it)?"""

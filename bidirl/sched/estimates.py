@@ -38,7 +38,9 @@ class Estimates:
 
     def merged_slowdown(self, groups: int, merged: int) -> float:
         """How much slower a decode batch of ``groups`` groups steps once ``merged`` groups decode together
-        (infinite where the decode line is unknown)."""
+        (infinite where the decode line is unknown, unless the batch does not grow)."""
+        if merged <= groups:
+            return 1.0
         if self.decode_step_s <= 0:
             return math.inf
         return (self.decode_step_s + self.decode_group_s * merged) / (self.decode_step_s + self.decode_group_s * groups)

@@ -35,6 +35,7 @@ class Policy:
     deadlines: ClassVar[bool] = True  # staleness bounded per group (AReaL); False: counted only (veRL fully-async)
     # start a step's gradient work on the groups already done while those it must wait for generate (bidirl)
     streams_gradients: ClassVar[bool] = False
+    migrates: ClassVar[bool] = False  # moves requests in flight (Migrate), where the driver can
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

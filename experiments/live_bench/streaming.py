@@ -38,10 +38,11 @@ SETTING = ["cluster.devices=2", "train.prompts_per_step=64", "train.micro_batch_
 POLICIES = ("sync", "async", "bidirl-nostream", "bidirl")
 
 
-def live(root: Path, policy: str, eta: int, steps: int) -> dict:
+def live(root: Path, policy: str, eta: int, steps: int, pipeline: str = PIPELINE, setting=tuple(SETTING)) -> dict:
+    """One ``bidirl launch`` of ``policy``; its summary, plus the number of streamed steps."""
     runs = root / f"{policy}-eta{eta}"
     split = [] if policy == "sync" else ["cluster.rollout_devices=1"]
-    out = subprocess.run([BIDIRL, "launch", PIPELINE, *SETTING, *split, f"launch.mode={policy}",
+    out = subprocess.run([BIDIRL, "launch", pipeline, *setting, *split, f"launch.mode={policy}",
                           f"algorithm.staleness={eta}", f"train.steps={steps}", f"output_dir={runs}"],
                          capture_output=True, text=True)
     if out.returncode:
