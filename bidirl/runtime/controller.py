@@ -425,6 +425,7 @@ class Controller:
         """Ask the source (on its side queue: its main thread is generating) to stop ``action.groups`` groups
         of that version and hand them over; the target continues them (``_groups_handed_over``), or, if the
         source finished them first, gets them finished from its ``ChunkGenerated``."""
+        assert action.source != self.cluster.primary, "the primary has no side queue (it never hands groups over)"
         left = action.groups
         for chunk in sorted(self.held[action.source]):
             if left == 0 or self.cluster.chunks[chunk].version != action.version:
