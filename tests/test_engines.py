@@ -248,3 +248,19 @@ def test_groups_asked_for_mid_generation_are_handed_over_with_their_tokens_so_fa
     assert mean_abs_logprob_gap(trainer, kept + resumed) < 1e-4
     # an ask after the engine finished is refused (the caller settles it from the engine's result)
     assert not handover.ask(1) and handover.wanted() == []
+
+
+def test_an_ask_for_groups_the_hf_engine_has_not_started_yet_hands_them_over_empty(model_dir):
+    """HF generates a chunk in calls of ``max_batch`` sequences: an ask may reach prompts of a later call,
+    which go over as empty samples (continued elsewhere from their prompt)."""
+    source = HFRolloutEngine(model_dir)
+    source.max_batch = 2  # one prompt (n = 2) per call
+    params = SamplingParams(n=2, max_new_tokens=8, ignore_eos=True)
+    handover = AskAfter(polls=3, groups=2)  # asked during the first call: one group started, two not
+    kept = source.generate(PROMPTS, params, handover)
+    [(moved_groups, moved)] = handover.handed
+    assert moved_groups == [0, 1] and sorted({s.prompt_index for s in kept}) == [2]
+    assert [len(s.completion_ids) for s in moved if s.prompt_index == 1] == [0, 0]  # not started
+    assert all(0 < len(s.completion_ids) < 8 for s in moved if s.prompt_index == 0)  # stopped mid-way
+    resumed = HFRolloutEngine(model_dir).continue_samples(moved, params)
+    assert all(len(s.completion_ids) == 8 for s in resumed + kept)

@@ -178,7 +178,6 @@ def test_a_live_tail_is_stopped_mid_generation_and_finished_by_the_lent_trainer_
     # at least one hand-over stopped requests that were still generating (the others finished first:
     # the controller took them from the chunk's own result)
     assert any(h["unfinished"] > 0 for h in summary["handovers"])
-    assert len(summary["handovers"]) <= len(summary["migrations"])
     # nothing lost or doubled, and the bound held: every group of every batch trained once, staleness <= 1
     assert set(summary["staleness_histogram"]) <= {"0", "1"} and sum(summary["staleness_histogram"].values()) == 10 * 16
     steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]

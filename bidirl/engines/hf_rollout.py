@@ -33,37 +33,49 @@ class HFRolloutEngine(PauseGate):
     def generate(self, prompts: Sequence[str], params: SamplingParams,
                  handover: Optional[HandOver] = None) -> List[Sample]:
         """With ``handover``, ``model.generate`` stops (a stopping criterion) as soon as groups are asked
-        for; they are handed over with their tokens so far, and the rest continue here (re-prefilled:
-        this engine has no request-level abort)."""
+        for; they are handed over with their tokens so far -- prompts of a later call not started yet go
+        as empty samples -- and the rest continue here (re-prefilled: this engine has no request-level
+        abort)."""
         per_call = max(1, self.max_batch // params.n)
-        stop = handover.pending if handover is not None else None
-        samples: List[Sample] = []
-        held: Dict[int, List[Sample]] = {}  # (with handover) prompt index -> its samples, still held
-        for start in range(0, len(prompts), per_call):
-            self.wait_if_paused()  # paused engines finish the chunk in flight, then wait here
-            chunk = prompts[start : start + per_call]
-            for sample in self._generate_chunk(chunk, params, stop):
-                sample.prompt_index += start
-                samples.append(sample)
-                held.setdefault(sample.prompt_index, []).append(sample)
-            if handover is not None:
-                self._serve(handover, held, params)
         if handover is None:
+            samples: List[Sample] = []
+            for start in range(0, len(prompts), per_call):
+                self.wait_if_paused()  # paused engines finish the chunk in flight, then wait here
+                for sample in self._generate_chunk(prompts[start : start + per_call], params):
+                    sample.prompt_index += start
+                    samples.append(sample)
             return samples
+        held: Dict[int, List[Sample]] = {}  # prompt index -> its samples, still held
+        unstarted = list(range(len(prompts)))
+        while unstarted:
+            self.wait_if_paused()
+            indices, unstarted = unstarted[:per_call], unstarted[per_call:]
+            for sample in self._generate_chunk([prompts[i] for i in indices], params, handover.pending):
+                sample.prompt_index = indices[sample.prompt_index]
+                held.setdefault(sample.prompt_index, []).append(sample)
+            unstarted = self._serve(handover, held, params, prompts, unstarted)
         handover.close()
         return [s for index in sorted(held) for s in held[index]]
 
-    def _serve(self, handover: HandOver, held: Dict[int, List[Sample]], params: SamplingParams) -> None:
-        """Answers the asks, then continues the unfinished samples still held, until none is left."""
+    def _serve(self, handover: HandOver, held: Dict[int, List[Sample]], params: SamplingParams,
+               prompts: Sequence[str], unstarted: List[int]) -> List[int]:
+        """Answers the asks, then continues the unfinished samples held, until none is left; returns the
+        prompts still to start (those handed over unstarted are gone)."""
         while True:
             for groups in handover.wanted():
                 running = {i: sum(1 for s in ss if not s.finished and s.budget_left(params.max_new_tokens))
                            for i, ss in held.items()}
-                chosen = choose_groups(running, sorted(held), groups)
+                running.update({i: params.n for i in unstarted})
+                chosen = choose_groups(running, sorted([*held, *unstarted]), groups)
+                for i in chosen:
+                    if i in unstarted:
+                        ids = self.tokenizer(prompts[i], add_special_tokens=False).input_ids
+                        held[i] = [Sample(i, ids, [], "", [], self.version, False) for _ in range(params.n)]
+                unstarted = [i for i in unstarted if i not in chosen]
                 handover.give(chosen, [s for i in chosen for s in held.pop(i)])
             todo = [s for ss in held.values() for s in ss if not s.finished and s.budget_left(params.max_new_tokens)]
             if not todo:
-                return
+                return unstarted
             resumed = dict(zip(map(id, todo), self._continue(todo, params, handover.pending)))
             for index, ss in held.items():
                 held[index] = [resumed.get(id(s), s) for s in ss]
@@ -87,7 +99,7 @@ class HFRolloutEngine(PauseGate):
 
             class StopWhenAsked(StoppingCriteria):
                 def __call__(self, ids: Any, scores: Any, **kwargs: Any) -> Any:
-                    return torch.full((ids.shape[0],), stop(), dtype=torch.bool)
+                    return torch.full((ids.shape[0],), stop(), dtype=torch.bool, device=ids.device)
 
             criteria = StoppingCriteriaList([StopWhenAsked()])
         self._calls += 1

@@ -9,7 +9,7 @@ chosen once by name (:mod:`bidirl.engines`); callers only ever use what is writt
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from bidirl.samples import Sample, SamplingParams
 
@@ -114,17 +114,18 @@ class HandOver:
     finished ones. :meth:`close` ends the window: an ask that comes later (the groups finished first)
     is refused, and the caller settles it from the engine's own result instead."""
 
-    def __init__(self, deliver: Callable[[int, List[int], List[Sample]], None]):
-        self.deliver = deliver  # (asks answered so far, prompt indices handed over, their samples)
+    def __init__(self, deliver: Callable[[Any, List[int], List[Sample]], None]):
+        self.deliver = deliver  # (the ask's tag, prompt indices handed over, their samples)
         self._lock = threading.Lock()
-        self._asked: List[int] = []
+        self._asked: List[Tuple[int, Any]] = []  # (groups, tag) not yet polled
+        self._answering: List[Any] = []  # tags polled, not yet answered, in order
         self._open = True
-        self.given = 0
 
-    def ask(self, groups: int) -> bool:
+    def ask(self, groups: int, tag: Any = None) -> bool:
+        """Ask for ``groups`` groups; ``tag`` comes back with the answer (False: refused, too late)."""
         with self._lock:
             if self._open:
-                self._asked.append(groups)
+                self._asked.append((groups, tag))
             return self._open
 
     def pending(self) -> bool:
@@ -135,11 +136,11 @@ class HandOver:
         """Asks not yet answered (group counts, oldest first); the engine answers each with ``give``."""
         with self._lock:
             asked, self._asked = self._asked, []
-            return asked
+            self._answering += [tag for _, tag in asked]
+            return [groups for groups, _ in asked]
 
     def give(self, prompt_indices: List[int], samples: List[Sample]) -> None:
-        self.deliver(self.given, prompt_indices, samples)
-        self.given += 1
+        self.deliver(self._answering.pop(0), prompt_indices, samples)
 
     def close(self) -> None:
         """Generation is over: later asks are refused (and asks not yet polled are dropped)."""

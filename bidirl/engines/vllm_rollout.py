@@ -91,30 +91,34 @@ class VLLMRolloutEngine(PauseGate):
                 ids[request_id] = (index, j)
                 engine.add_request(request_id, request, sampling)
         running = set(ids)
-        while running:
-            for groups in handover.wanted():
-                per_group = {}
-                for request_id in running:
-                    per_group[ids[request_id][0]] = per_group.get(ids[request_id][0], 0) + 1
-                chosen = choose_groups(per_group, sorted(samples), groups)
-                stopped = [r for r in running if ids[r][0] in chosen]
-                if stopped:
-                    engine.abort_request(stopped)
-                    running.difference_update(stopped)
-                handover.give(chosen, [self._with_text(s) for i in chosen for s in samples.pop(i)])
-            if not running:
-                break
-            for output in engine.step():
-                if output.request_id not in ids or output.request_id not in running:
-                    continue  # (an aborted request's last delta)
-                index, j = ids[output.request_id]
-                completion, sample = output.outputs[0], samples[index][j]
-                new_ids, logprobs = completion_tokens(completion)
-                sample.completion_ids += new_ids
-                sample.logprobs += logprobs
-                if output.finished:
-                    sample.finished = completion.finish_reason == "stop"
-                    running.discard(output.request_id)
+        try:
+            while running:
+                for groups in handover.wanted():
+                    per_group = {}
+                    for request_id in running:
+                        per_group[ids[request_id][0]] = per_group.get(ids[request_id][0], 0) + 1
+                    chosen = choose_groups(per_group, sorted(samples), groups)
+                    stopped = [r for r in running if ids[r][0] in chosen]
+                    if stopped:
+                        engine.abort_request(stopped)
+                        running.difference_update(stopped)
+                    handover.give(chosen, [self._with_text(s) for i in chosen for s in samples.pop(i)])
+                if not running:
+                    break
+                for output in engine.step():
+                    if output.request_id not in ids or output.request_id not in running:
+                        continue  # (an aborted request's last delta)
+                    index, j = ids[output.request_id]
+                    completion, sample = output.outputs[0], samples[index][j]
+                    new_ids, logprobs = completion_tokens(completion)
+                    sample.completion_ids += new_ids
+                    sample.logprobs += logprobs
+                    if output.finished:
+                        sample.finished = completion.finish_reason == "stop"
+                        running.discard(output.request_id)
+        finally:  # (an error mid-loop must not leave requests running into the next generate call)
+            if running:
+                engine.abort_request(list(running))
         handover.close()
         return [self._with_text(s) for index in sorted(samples) for s in samples[index]]
 

@@ -42,8 +42,10 @@ source on its *side* queue (``HandOverGroups``: its main thread is generating, i
 free), the source's engine stops that many groups between two decode steps and posts their samples so
 far (``GroupsHandedOver``), and the target continues them (``ContinueGroups``: the tokens and
 behaviour log-probs so far unchanged, the new ones with the target's version) and reports them done
-itself. An ask that arrives after the source finished those groups is settled from the source's own
-``ChunkGenerated``: they go to the target finished, and it reports them, as the bookkeeping expects.
+itself. Asks carry ids, so an answer always meets its own ask. An ask for a chunk the source has
+not started waits on the worker for it; one that arrives after the source finished those groups is
+settled from the source's own ``ChunkGenerated``: the groups are reported done on the target at once,
+as the bookkeeping expects.
 
 Leases expire: a borrowed device that has not answered its micro-batch within the lease timeout leaves
 the step (``LeaseExpired``); what it computed goes back to the queue and its late reply is discarded.
@@ -56,7 +58,7 @@ import dataclasses
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -132,9 +134,10 @@ class Controller:
         self.shared_states: List[msg.TrainStateShared] = []
         self.slowest_item_s = 0.0  # the slowest micro-batch measured so far (the lease timeout follows it)
         # in-flight migration: groups each device holds per chunk (as the bookkeeping counts them), asks
-        # sent to a source not yet answered ((source, chunk) -> [(target, groups)]), chunks split so
+        # sent to a source not yet answered, chunks split so far
         self.held: Dict[int, Counter] = {d: Counter() for d in range(devices)}
-        self.asked: Dict[Tuple[int, int], deque] = {}
+        self.asked: Dict[int, Tuple[int, int, int, int]] = {}  # ask -> (source, chunk, target, groups)
+        self.next_ask = 0
         self.split_chunks: Set[int] = set()
 
     # ---- main loop -------------------------------------------------------------------------------
@@ -154,8 +157,8 @@ class Controller:
                 self.bar = bar
                 while not self.cluster.finished:
                     reply = self.mailbox.next_event(timeout=self.lease_wait())
-                    event = self.expire_overdue_lease() if reply is None else self.translate(reply)
-                    if event is not None:
+                    events = self.expire_overdue_lease() if reply is None else self.translate(reply)
+                    for event in events if isinstance(events, list) else [events] if events is not None else []:
                         self.cluster.now = self.report.elapsed()
                         self.cluster.complete(event)
                         if isinstance(event, ev.ChunkDone) and self.step is not None and self.step.stream:
@@ -192,45 +195,45 @@ class Controller:
         return reply
 
     # ---- replies -> events -----------------------------------------------------------------------
-    def translate(self, reply: msg.Reply) -> Optional[ev.Event]:
+    def translate(self, reply: msg.Reply) -> Union[None, ev.Event, List[ev.Event]]:
         handler = self.TRANSLATE.get(type(reply))
         if handler is None:
             raise BidirlError(f"device {reply.device} sent an unexpected {type(reply).__name__}")
         return handler(self, reply)
 
-    def _chunk_generated(self, reply: msg.ChunkGenerated) -> Optional[ev.Event]:
+    def _chunk_generated(self, reply: msg.ChunkGenerated) -> List[ev.Event]:
         """A chunk, or the part of one this device holds, is done. Groups asked of it that it finished
-        before it saw the ask go on to their target now, finished (it reports them, as the bookkeeping
-        expects)."""
-        samples = by_group(reply.samples)
-        for target, groups in self.asked.pop((reply.device, reply.chunk), ()):
+        before it saw the ask are its target's now: they are reported done there at once."""
+        samples, events = by_group(reply.samples), []
+        for ask in [a for a, (source, chunk, _, _) in self.asked.items() if (source, chunk) == (reply.device, reply.chunk)]:
+            _, chunk, target, groups = self.asked.pop(ask)
             moved = sorted(samples)[-groups:]
-            self.continue_on(target, reply.chunk, [s for i in moved for s in samples.pop(i)])
-        kept = [s for i in sorted(samples) for s in samples[i]]
-        held = self.held[reply.device]
-        assert len(samples) <= held[reply.chunk], \
-            f"device {reply.device} returned {len(samples)} groups of chunk {reply.chunk}, holds {held[reply.chunk]}"
-        held[reply.chunk] -= len(samples)  # (a device may continue two parts of one chunk, one reply each)
-        if not held[reply.chunk]:
-            del held[reply.chunk]
-        if not samples:
-            return None  # every group it held went elsewhere (the bookkeeping already knows)
-        groups = self.data.collect(reply.chunk, kept, reply.seconds)
-        if reply.chunk not in self.split_chunks:
-            self.measured.chunk(reply.seconds, groups)  # (a chunk split between devices times neither)
-        return ev.ChunkDone(reply.device, reply.chunk, groups)
+            events.append(self.groups_done(target, chunk, [s for i in moved for s in samples.pop(i)], 0.0))
+        if samples:  # (none: every group it held went elsewhere, which the bookkeeping knows)
+            kept = [s for i in sorted(samples) for s in samples[i]]
+            events.insert(0, self.groups_done(reply.device, reply.chunk, kept, reply.seconds))
+            if reply.chunk not in self.split_chunks:
+                self.measured.chunk(reply.seconds, len(samples))  # (a chunk split between devices times neither)
+        return events
 
-    def _groups_handed_over(self, reply: msg.GroupsHandedOver) -> None:
-        """A source stopped groups mid-generation: the oldest ask of it is answered, the target continues them."""
-        key = (reply.device, reply.chunk)
-        target, groups = self.asked[key].popleft()
-        if not self.asked[key]:
-            del self.asked[key]
+    def groups_done(self, device: int, chunk: int, samples: List[Any], seconds: float) -> ev.ChunkDone:
+        held = self.held[device]
+        groups = self.data.collect(chunk, samples, seconds) if samples else 0
+        assert groups <= held[chunk], f"device {device} returned {groups} groups of chunk {chunk}, holds {held[chunk]}"
+        held[chunk] -= groups  # (a device may continue two parts of one chunk, one reply each)
+        if not held[chunk]:
+            del held[chunk]
+        return ev.ChunkDone(device, chunk, groups)
+
+    def _groups_handed_over(self, reply: msg.GroupsHandedOver) -> Optional[ev.Event]:
+        """A source stopped groups mid-generation (answering one ask): the target continues them."""
+        _, chunk, target, groups = self.asked.pop(reply.ask)
         assert len(by_group(reply.samples)) == groups, f"asked device {reply.device} for {groups} groups"
-        self.continue_on(target, reply.chunk, reply.samples)
+        self.continue_on(target, chunk, reply.samples)
         self.report.handovers.append({"t": round(self.report.elapsed(), 4), "source": reply.device, "device": target,
-                                      "chunk": reply.chunk, "groups": groups,
-                                      "unfinished": sum(not s.finished for s in reply.samples),
+                                      "chunk": chunk, "groups": groups,
+                                      "unfinished": sum(not s.finished and s.budget_left(self.data.params.max_new_tokens)
+                                                        for s in reply.samples),
                                       "tokens_so_far": sum(len(s.completion_ids) for s in reply.samples)})
         return None
 
@@ -316,7 +319,8 @@ class Controller:
         self.shared_states.append(reply)  # the new trainer's RoleSwitched is the event
         return None
 
-    TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsHandedOver: _groups_handed_over, msg.RoleSwitched: _role_switched,
+    TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsHandedOver: _groups_handed_over,
+                 msg.RoleSwitched: _role_switched,
                  msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
                  msg.GradsComputed: _grads_computed,
                  msg.TrainStateShared: _train_state_shared}
@@ -424,19 +428,23 @@ class Controller:
     def _migrate(self, action: ev.Migrate) -> None:
         """Ask the source (on its side queue: its main thread is generating) to stop ``action.groups`` groups
         of that version and hand them over; the target continues them (``_groups_handed_over``), or, if the
-        source finished them first, gets them finished from its ``ChunkGenerated``."""
+        source finished them first, they are done on the target from the source's ``ChunkGenerated``."""
         assert action.source != self.cluster.primary, "the primary has no side queue (it never hands groups over)"
         left = action.groups
         for chunk in sorted(self.held[action.source]):
-            if left == 0 or self.cluster.chunks[chunk].version != action.version:
+            if left == 0 or self.cluster.chunks[chunk].version != action.version or not self.held[action.source][chunk]:
                 continue
+            # (live, only a device's own chunk moves: a target is a lent trainer, which is never a source)
+            assert self.cluster.chunks[chunk].device == action.source, \
+                f"device {action.source} would hand over groups of chunk {chunk}, which it continues for another"
             groups = min(left, self.held[action.source][chunk])
             left -= groups
             self.held[action.source][chunk] -= groups
             self.held[action.device][chunk] += groups
             self.split_chunks.add(chunk)
-            self.asked.setdefault((action.source, chunk), deque()).append((action.device, groups))
-            self.mailbox.send_weights(action.source, msg.HandOverGroups(chunk, groups))
+            self.asked[self.next_ask] = (action.source, chunk, action.device, groups)
+            self.mailbox.send_weights(action.source, msg.HandOverGroups(chunk, groups, self.next_ask))
+            self.next_ask += 1
         assert left == 0, f"device {action.source} holds fewer than {action.groups} groups of v{action.version}"
 
     def _rehome(self, action: ev.Rehome) -> None:

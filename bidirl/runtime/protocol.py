@@ -77,6 +77,7 @@ class HandOverGroups(Command):
     handler = "hand_over"
     chunk: int
     groups: int
+    ask: int  # the controller's id for this ask, returned with the answer
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class GroupsHandedOver(Reply):
 
     chunk: int
     samples: List[Sample]
+    ask: int  # the HandOverGroups it answers
 
 
 @dataclass

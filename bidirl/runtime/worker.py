@@ -87,6 +87,7 @@ class Worker:
         self.migrates = plan.migrates
         self.handover_lock = threading.Lock()
         self.handover: Optional[Tuple[int, HandOver]] = None
+        self.early_asks: Dict[int, List[msg.HandOverGroups]] = {}  # chunk not started yet -> asks for it
         if device == self.primary:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -124,16 +125,23 @@ class Worker:
                 sample.extra["answer"] = command.answers[sample.prompt_index]
             return samples
 
-        def hand_over(_: int, groups: List[int], samples: List[Sample]) -> None:  # (from inside the engine)
-            self.mailbox.post(msg.GroupsHandedOver(device=self.device, chunk=command.chunk, samples=label(samples)))
+        def hand_over(ask: int, groups: List[int], samples: List[Sample]) -> None:  # (from inside the engine)
+            self.mailbox.post(msg.GroupsHandedOver(device=self.device, chunk=command.chunk, samples=label(samples),
+                                                   ask=ask))
 
         handover = HandOver(hand_over) if self.migrates else None
         with self.handover_lock:
             self.handover = (command.chunk, handover) if handover else None
-        with self.doing(S.GENERATING, f"chunk {command.chunk}"):
-            samples = self.rollout.generate(command.prompts, command.params, handover)
-        with self.handover_lock:
-            self.handover = None
+            for chunk in [c for c in self.early_asks if c <= command.chunk]:  # (a device's chunks come in order)
+                for ask in self.early_asks.pop(chunk):
+                    if handover is not None and chunk == command.chunk:
+                        handover.ask(ask.groups, ask.ask)
+        try:
+            with self.doing(S.GENERATING, f"chunk {command.chunk}"):
+                samples = self.rollout.generate(command.prompts, command.params, handover)
+        finally:
+            with self.handover_lock:
+                self.handover = None
         return msg.ChunkGenerated(chunk=command.chunk, samples=self.rewarded(label(samples)), version=self.rollout.version)
 
     def rewarded(self, samples: List[Sample]) -> List[Sample]:
@@ -143,10 +151,13 @@ class Worker:
 
     def hand_over(self, command: msg.HandOverGroups) -> None:
         """Side thread: ask the engine generating ``command.chunk`` for some of its groups (it answers
-        between decode steps). A chunk no longer generating ignores it (see ``HandOverGroups``)."""
+        between decode steps); an ask for a chunk still queued waits for it to start. A chunk no longer
+        generating ignores it (see ``HandOverGroups``)."""
         with self.handover_lock:
             if self.handover is not None and self.handover[0] == command.chunk:
-                self.handover[1].ask(command.groups)
+                self.handover[1].ask(command.groups, command.ask)
+            elif self.handover is None or self.handover[0] < command.chunk:
+                self.early_asks.setdefault(command.chunk, []).append(command)  # (its chunk has not started yet)
         return None
 
     def continue_groups(self, command: msg.ContinueGroups) -> msg.ChunkGenerated:
