@@ -63,8 +63,7 @@ class HFRolloutEngine(PauseGate):
         prompts still to start (those handed over unstarted are gone)."""
         while True:
             for groups in handover.wanted():
-                running = {i: sum(1 for s in ss if not s.finished and s.budget_left(params.max_new_tokens))
-                           for i, ss in held.items()}
+                running = {i: sum(1 for s in ss if s.budget_left(params.max_new_tokens)) for i, ss in held.items()}
                 running.update({i: params.n for i in unstarted})
                 chosen = choose_groups(running, sorted([*held, *unstarted]), groups)
                 for i in chosen:
@@ -73,7 +72,7 @@ class HFRolloutEngine(PauseGate):
                         held[i] = [Sample(i, ids, [], "", [], self.version, False) for _ in range(params.n)]
                 unstarted = [i for i in unstarted if i not in chosen]
                 handover.give(chosen, [s for i in chosen for s in held.pop(i)])
-            todo = [s for ss in held.values() for s in ss if not s.finished and s.budget_left(params.max_new_tokens)]
+            todo = [s for ss in held.values() for s in ss if s.budget_left(params.max_new_tokens)]
             if not todo:
                 return unstarted
             resumed = dict(zip(map(id, todo), self._continue(todo, params, handover.pending)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -94,9 +95,7 @@ class VLLMRolloutEngine(PauseGate):
         try:
             while running:
                 for groups in handover.wanted():
-                    per_group = {}
-                    for request_id in running:
-                        per_group[ids[request_id][0]] = per_group.get(ids[request_id][0], 0) + 1
+                    per_group = Counter(ids[request_id][0] for request_id in running)
                     chosen = choose_groups(per_group, sorted(samples), groups)
                     stopped = [r for r in running if ids[r][0] in chosen]
                     if stopped:

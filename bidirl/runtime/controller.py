@@ -58,7 +58,7 @@ import dataclasses
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -157,8 +157,8 @@ class Controller:
                 self.bar = bar
                 while not self.cluster.finished:
                     reply = self.mailbox.next_event(timeout=self.lease_wait())
-                    events = self.expire_overdue_lease() if reply is None else self.translate(reply)
-                    for event in events if isinstance(events, list) else [events] if events is not None else []:
+                    events = [self.expire_overdue_lease()] if reply is None else self.translate(reply)
+                    for event in filter(None, events):
                         self.cluster.now = self.report.elapsed()
                         self.cluster.complete(event)
                         if isinstance(event, ev.ChunkDone) and self.step is not None and self.step.stream:
@@ -195,11 +195,14 @@ class Controller:
         return reply
 
     # ---- replies -> events -----------------------------------------------------------------------
-    def translate(self, reply: msg.Reply) -> Union[None, ev.Event, List[ev.Event]]:
+    def translate(self, reply: msg.Reply) -> List[ev.Event]:
+        """The events a reply means: usually one or none (a collective not yet complete); a chunk's
+        result may also complete groups asked of it for another device."""
         handler = self.TRANSLATE.get(type(reply))
         if handler is None:
             raise BidirlError(f"device {reply.device} sent an unexpected {type(reply).__name__}")
-        return handler(self, reply)
+        events = handler(self, reply)
+        return events if isinstance(events, list) else [events] if events is not None else []
 
     def _chunk_generated(self, reply: msg.ChunkGenerated) -> List[ev.Event]:
         """A chunk, or the part of one this device holds, is done. Groups asked of it that it finished
@@ -232,8 +235,8 @@ class Controller:
         self.continue_on(target, chunk, reply.samples)
         self.report.handovers.append({"t": round(self.report.elapsed(), 4), "source": reply.device, "device": target,
                                       "chunk": chunk, "groups": groups,
-                                      "unfinished": sum(not s.finished and s.budget_left(self.data.params.max_new_tokens)
-                                                        for s in reply.samples),
+                                      "unfinished": sum(1 for s in reply.samples
+                                                        if s.budget_left(self.data.params.max_new_tokens)),
                                       "tokens_so_far": sum(len(s.completion_ids) for s in reply.samples)})
         return None
 

@@ -132,10 +132,10 @@ class Worker:
         handover = HandOver(hand_over) if self.migrates else None
         with self.handover_lock:
             self.handover = (command.chunk, handover) if handover else None
-            for chunk in [c for c in self.early_asks if c <= command.chunk]:  # (a device's chunks come in order)
-                for ask in self.early_asks.pop(chunk):
-                    if handover is not None and chunk == command.chunk:
-                        handover.ask(ask.groups, ask.ask)
+            for ask in self.early_asks.pop(command.chunk, []) if handover is not None else []:
+                handover.ask(ask.groups, ask.ask)
+            # (a device's chunks come in order: asks for earlier ones were for chunks already over)
+            self.early_asks = {c: asks for c, asks in self.early_asks.items() if c > command.chunk}
         try:
             with self.doing(S.GENERATING, f"chunk {command.chunk}"):
                 samples = self.rollout.generate(command.prompts, command.params, handover)
