@@ -86,6 +86,13 @@ class RolloutConfig:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    # vLLM's memory budget on a GPU, beside the resident trainer (weights, fp32 master copy, AdamW state,
+    # activations): the fraction of the device vLLM may take for weights + KV cache, the longest context
+    # it serves (0 = the model's own limit), and the requests it runs at once. On CPU the
+    # KV cache is VLLM_CPU_KVCACHE_SPACE GiB and the fraction is unused.
+    gpu_memory_utilization: float = 0.35
+    max_model_len: int = 0
+    max_num_seqs: int = 256
 
 
 @dataclass
@@ -98,6 +105,10 @@ class TrainConfig:
     steps: int = 100
     max_grad_norm: float = 1.0
     zero_stage: int = 1  # DeepSpeed ZeRO stage (train.engine=deepspeed)
+    # log-probs are computed this many token positions at a time through the output head, recomputed in
+    # the backward pass: a micro-batch never holds its full-vocabulary fp32 logits at once (0 = at once)
+    logprob_chunk_tokens: int = 2048
+    gradient_checkpointing: bool = False  # recompute the layers' activations in the backward pass
 
 
 @dataclass
@@ -354,3 +365,12 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
         raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")
     if cfg.cluster.replan_every < 0:
         raise ConfigError(f"{source}: key 'cluster.replan_every' must be 0 (never) or a number of steps")
+    if not 0 < cfg.rollout.gpu_memory_utilization < 1:
+        raise ConfigError(f"{source}: key 'rollout.gpu_memory_utilization' must be a fraction between 0 and 1; got "
+                          f"{cfg.rollout.gpu_memory_utilization}")
+    if cfg.rollout.max_model_len < 0 or cfg.rollout.max_num_seqs < 1:
+        raise ConfigError(f"{source}: keys 'rollout.max_model_len' (0 = derived) and 'rollout.max_num_seqs' (at least 1) "
+                          f"got {cfg.rollout.max_model_len} and {cfg.rollout.max_num_seqs}")
+    if cfg.train.logprob_chunk_tokens < 0:
+        raise ConfigError(f"{source}: key 'train.logprob_chunk_tokens' must be 0 (a micro-batch at once) or a number "
+                          "of token positions")

@@ -6,6 +6,7 @@ gradients computed for part of a batch); ``step`` is both. The policy version co
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -29,8 +30,17 @@ class TorchTrainEngine:
 
         self.torch = torch
         self.cfg = cfg
-        self.model, self.tokenizer = load_model(model_path, cfg.model.dtype)
-        self.model.train()
+        # fp32 master weights and optimizer state whatever model.dtype says; a bf16/fp16 model.dtype is
+        # the compute precision (autocast), so that updates below bf16's resolution (RL learning rates
+        # on weights of order 1) are kept rather than rounded away
+        self.device = torch.device(cfg.cluster.device_type)  # a worker sees its one GPU as cuda:0
+        self.model, self.tokenizer = load_model(model_path, "float32")
+        self.model.to(self.device).train()
+        if cfg.train.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        compute = getattr(torch, cfg.model.dtype)
+        self.autocast = (lambda: torch.autocast(cfg.cluster.device_type, dtype=compute)) if compute != torch.float32 \
+            else contextlib.nullcontext
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, betas=(0.9, 0.99),
                                            weight_decay=0.0)
         # Linear warm-up: Adam's first bias-corrected steps move every coordinate by the full lr
@@ -63,24 +73,30 @@ class TorchTrainEngine:
 
     def _micro_batch_loss(self, part: Sequence[Sample], total_tokens: int, total_sequences: int):
         torch = self.torch
-        ids, attention, mask = pack(part, self.tokenizer.pad_token_id, torch)
-        logp = token_logprobs(self.model, ids, attention, self.cfg.rollout.temperature, torch)
-        behaviour = torch.zeros_like(logp)
+        ids, attention, mask = pack(part, self.tokenizer.pad_token_id, torch, self.device)
+        logp = self._logprobs(self.model, ids, attention)
+        behaviour = torch.zeros(logp.shape, dtype=torch.float32)
         for row, sample in enumerate(part):
             first = len(sample.prompt_ids) - 1
             behaviour[row, first : first + len(sample.logprobs)] = torch.tensor(sample.logprobs)
-        adv = torch.tensor([s.advantage for s in part], dtype=torch.float32)
+        behaviour = behaviour.to(self.device)
+        adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=self.device)
         out = policy_loss(logp, behaviour, adv, mask, self.cfg.algorithm.clip_eps,
                           self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences)
         loss, stats = out["loss"], dict(out["stats"])
         if self.ref is not None:
             with torch.no_grad():
-                ref_logp = token_logprobs(self.ref, ids, attention, self.cfg.rollout.temperature, torch)
+                ref_logp = self._logprobs(self.ref, ids, attention)
             kl = k3_kl(logp, ref_logp, mask, total_tokens)
             loss = loss + self.cfg.algorithm.kl_coef * kl
             stats["kl"] = kl.item()
         stats["loss"] = loss.item()
         return loss, stats
+
+    def _logprobs(self, model: Any, ids: Any, attention: Any) -> Any:
+        with self.autocast():
+            return token_logprobs(model, ids, attention, self.cfg.rollout.temperature, self.torch,
+                                  self.cfg.train.logprob_chunk_tokens)
 
     def _backward(self, loss: Any, last: bool) -> None:
         loss.backward()
@@ -109,9 +125,8 @@ class TorchTrainEngine:
     def logprobs(self, batch: Sequence[Sample]) -> List[List[float]]:
         torch = self.torch
         with torch.no_grad():
-            ids, attention, _ = pack(batch, self.tokenizer.pad_token_id, torch)
-            return completion_slices(batch, token_logprobs(self.model, ids, attention,
-                                                           self.cfg.rollout.temperature, torch))
+            ids, attention, _ = pack(batch, self.tokenizer.pad_token_id, torch, self.device)
+            return completion_slices(batch, self._logprobs(self.model, ids, attention))
 
     def state_dict(self) -> Dict[str, Any]:
         # Tied embeddings appear under both names; rollout engines need lm_head.weight explicitly.
@@ -142,9 +157,9 @@ class TorchTrainEngine:
         os.replace(tmp, target)
 
     def load(self, directory: str) -> None:
-        model, _ = load_model(directory, self.cfg.model.dtype)
+        model, _ = load_model(directory, "float32")
         try:
-            state = self.torch.load(Path(directory) / OPTIMIZER_FILE, weights_only=False)
+            state = self.torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
         except Exception as exc:
             raise BidirlError(f"{directory}: corrupt checkpoint ({type(exc).__name__}: {exc})") from None
         self.model.load_state_dict(model.state_dict())
