@@ -92,7 +92,7 @@ def launch(
     nnodes: int = typer.Option(1, "--nnodes", help="Number of nodes (torchrun --nnodes)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (multi-node only)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
-                                                 help="Processes on this node (default: cluster.devices + 1 on one node)."),
+                                                 help="Processes on this node (default: its share of cluster.devices, + 1 for the controller on node 0)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="host:port of the rendezvous (multi-node)."),
     debug: bool = DEBUG,
 ) -> None:

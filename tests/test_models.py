@@ -143,3 +143,23 @@ def test_a_model_config_that_is_not_one_is_one_line_naming_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(BidirlError, match="not a readable model config"):
         model_spec_of(load_config(None, []), str(tmp_path))
+
+
+def test_a_hub_model_is_resolved_once_to_a_local_folder_from_the_cache_so_no_worker_downloads(tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc123"
+    save_hf(build_model(SMALL, len(build_tokenizer()), seed=0), build_tokenizer(), snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    prepared = prepare_model(load_config(None, ["model.source=org/tiny"]))
+    assert prepared.path == str(snapshot) and prepared.source == "org/tiny"
+    assert load_model(prepared.path)[0] is not None
+
+
+def test_a_hub_model_neither_reachable_nor_cached_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(BidirlError, match="'org/absent': cannot fetch it from the hub or find it in the local cache"):
+        prepare_model(load_config(None, ["model.source=org/absent"]))

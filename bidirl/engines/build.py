@@ -6,12 +6,14 @@ from pathlib import Path
 
 from bidirl.config import PipelineConfig
 from bidirl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES, engine_class
-from bidirl.engines.protocols import RolloutEngine, TrainEngine
+from bidirl.engines.protocols import RolloutEngine, RolloutSite, TrainEngine
 
 
 def build_rollout_engine(cfg: PipelineConfig, model_path: str) -> RolloutEngine:
     cache_root = str(Path(cfg.model.cache_dir).parent / "vllm")  # vLLM's compile cache beside our models
-    return engine_class(ROLLOUT_ENGINES, cfg.rollout.engine)(model_path, cfg.model.dtype, cfg.seed, cache_root)
+    site = RolloutSite(cfg.cluster.device_type, cfg.rollout.gpu_memory_utilization, cfg.rollout.max_model_len,
+                       cfg.rollout.max_num_seqs)
+    return engine_class(ROLLOUT_ENGINES, cfg.rollout.engine)(model_path, cfg.model.dtype, cfg.seed, cache_root, site)
 
 
 def build_train_engine(cfg: PipelineConfig, model_path: str, private_group: bool = False) -> TrainEngine:

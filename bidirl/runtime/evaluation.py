@@ -24,6 +24,6 @@ def evaluate_snapshots(cfg: PipelineConfig, rollout: Any, train: Any,
     prompts = [prompt(p) for p in problems]
     results = []
     for version, path in snapshots:
-        rollout.update_weights(torch.load(path, weights_only=True), version)
+        rollout.update_weights(torch.load(path, map_location="cpu", weights_only=True), version)
         results.append((version, engine_accuracy(rollout, problems, prompts, cfg.rollout.max_new_tokens).accuracy))
     return results

@@ -1,93 +1,164 @@
-"""Every process group a run can need, created once at start-up (never on the critical path).
+"""The communicators of a run: a bounded set, built eagerly, in one canonical order, on the threads
+that use them.
 
 Groups are raw c10d backends built from the torchrun store (``ProcessGroupGloo`` on CPU,
 ``ProcessGroupNCCL`` on GPU, chosen once), not the default group: vLLM, running in-process, creates
 its own single-rank default group and must not collide with ours.
 
-Which groups: every subset of devices that contains the primary trainer (a train pool, grown by
-lending, always contains the primary; a weight sync is rooted there), twice: once for the main
-threads' gradient all-reduce and once for the weight sender/receiver threads, so that the two never
-share a group. With more than
-``MAX_SUBSET_DEVICES`` devices that is too many, so only contiguous ranges containing the primary are
-built and policies must keep pools contiguous. All members build the groups in one canonical order,
-so construction cannot deadlock.
+Which communicators (:func:`communicators`), for N devices and the primary trainer P::
+
+    weights   all N devices       weight sender/receiver threads: each version is broadcast from P to all
+    home      the starting train pool   main threads: the all-reduce of the home trainers' gradients
+    pair P-d  for every d != P    main threads: a lent device's gradients to P, a joining trainer's state,
+                                  and the home reduction once re-planning has changed the train pool
+
+so N + 1 in all, at most N + 1 on the primary and at most 3 on any other device (8 devices: 9;
+32: 33; 1024: 1025), whatever devices are lent: pools may be any subset, and no communicator is
+created after start-up. A step's gradients (:meth:`Groups.reduce_step`): each lent device sends its
+sum to P over its pair, P adds them in device order, then the home trainers all-reduce over ``home``
+(or, if re-planning changed who they are, P gathers and returns the sum over the pairs).
+
+Eager and ordered. Each family is built by the thread that uses it, in the canonical order of
+:func:`communicators`, and each communicator is used once (a one-element all-reduce) right after it
+is built. Because every rank walks the same total order, the first use of the lowest communicator not
+yet done always has all its members arriving: construction cannot deadlock. NCCL connects on first
+use, so this moves every connection to start-up, on the right thread. The two families never run
+at the same time on a device: the controller holds a step's reduction (and any other main-thread
+transfer) until the weight broadcast in flight has been received everywhere, and publishes a
+version only after the step that made it (:class:`~bidirl.runtime.controller.Controller`). The
+configured ``launch.collective_timeout_s`` applies to every communicator.
 """
 
 from __future__ import annotations
 
 import datetime
-import itertools
 from typing import Any, Dict, FrozenSet, List, Sequence, Tuple
 
 from bidirl.errors import BidirlError
 
-MAX_SUBSET_DEVICES = 8
+WEIGHTS, HOME, PAIR = "weights", "home", "pair"
+MAIN_FAMILY, WEIGHTS_FAMILY = (HOME, PAIR), (WEIGHTS,)
 
 
-def candidate_groups(devices: int, primary: int) -> List[FrozenSet[int]]:
-    if devices <= MAX_SUBSET_DEVICES:
-        others = [d for d in range(devices) if d != primary]
-        subsets = [frozenset((primary, *extra)) for k in range(devices) for extra in itertools.combinations(others, k)]
-    else:
-        subsets = [frozenset(range(lo, hi + 1)) for lo in range(primary + 1) for hi in range(primary, devices)]
-    return sorted((s for s in subsets if len(s) > 1), key=lambda s: (len(s), sorted(s)))
+def communicators(devices: int, primary: int, train_homes: Sequence[int]) -> List[Tuple[str, FrozenSet[int]]]:
+    """Every communicator of a run, in the one order all ranks build them."""
+    if devices == 1:
+        return []
+    out = [(WEIGHTS, frozenset(range(devices)))]
+    if len(train_homes) > 1:
+        out.append((HOME, frozenset(train_homes)))
+    return out + [(PAIR, frozenset((primary, d))) for d in range(devices) if d != primary]
 
 
 class Groups:
-    def __init__(self, store: Any, device: int, devices: int, primary: int, device_type: str, timeout_s: float):
-        self.device, self.primary = device, primary
-        self.groups: Dict[FrozenSet[int], Any] = {}
-        self.weight_groups: Dict[FrozenSet[int], Any] = {}  # used only by the weight sender/receiver threads
-        if devices == 1:
-            return  # one device: nothing to build, and every "collective" is local
-        import torch.distributed as dist
+    """One device's communicators of one family (``MAIN_FAMILY`` or ``WEIGHTS_FAMILY``), built and first
+    used by the constructing thread."""
 
-        timeout = datetime.timedelta(seconds=timeout_s)
-        for kind, table in (("group", self.groups), ("weights", self.weight_groups)):
-            for members in candidate_groups(devices, primary):
-                if device not in members:
-                    continue
-                ranks = sorted(members)
-                prefix = dist.PrefixStore(f"{kind}/" + "-".join(map(str, ranks)), store)
-                if device_type == "cuda":
-                    table[members] = dist.ProcessGroupNCCL(prefix, ranks.index(device), len(ranks))
-                else:
-                    table[members] = dist.ProcessGroupGloo(prefix, ranks.index(device), len(ranks), timeout)
-
-    def get(self, members: Sequence[int], weights: bool = False) -> Any:
-        key = frozenset(members)
-        table = self.weight_groups if weights else self.groups
-        if key not in table:
-            raise BidirlError(f"no process group was built for devices {sorted(key)} (primary {self.primary}); "
-                              "with many devices pools must be contiguous ranges containing the primary")
-        return table[key]
-
-    def broadcast(self, tensor: Any, members: Sequence[int], root: int, weights: bool = False) -> None:
-        if len(set(members)) > 1:
-            self.get(members, weights).broadcast(tensor, sorted(set(members)).index(root)).wait()
-
-    def allreduce_sum(self, tensor: Any, members: Sequence[int]) -> None:
-        if len(set(members)) > 1:
-            self.get(members).allreduce(tensor).wait()
-
-    def broadcast_object(self, obj: Any, members: Sequence[int], root: int) -> Tuple[Any, int]:
-        """Any torch-serialisable object from ``root`` to ``members`` (main threads' groups): its size,
-        then its bytes; returns (the object, bytes sent). Rare and off the step's critical path (a
-        device joining the train pool for good)."""
-        import io
-
+    def __init__(self, store: Any, device: int, devices: int, primary: int, train_homes: Sequence[int],
+                 device_type: str, timeout_s: float, family: Tuple[str, ...] = MAIN_FAMILY):
         import torch
 
-        size = torch.zeros(1, dtype=torch.int64)
+        self.torch, self.device, self.primary = torch, device, primary
+        self.tensor_device = "cuda" if device_type == "cuda" else "cpu"  # NCCL moves device tensors only
+        self.home = frozenset(train_homes)
+        self.built: Dict[Tuple[str, FrozenSet[int]], Any] = {}
+        for kind, members in communicators(devices, primary, train_homes):
+            if kind in family and device in members:
+                self.built[(kind, members)] = _build(store, kind, members, device, device_type, timeout_s)
+                self._first_use(self.built[(kind, members)])
+
+    def _first_use(self, group: Any) -> None:
+        group.allreduce(self.torch.zeros(1, device=self.tensor_device)).wait()
+
+    def get(self, kind: str, members: Sequence[int]) -> Any:
+        key = (kind, frozenset(members))
+        if key not in self.built:
+            raise BidirlError(f"no {kind} communicator for devices {sorted(key[1])} on device {self.device} "
+                              "(only those of groups.communicators exist)")
+        return self.built[key]
+
+    def _pair_to_primary(self, tensor: Any, sender: int) -> None:
+        """``sender``'s tensor into the primary's (the same shape): a broadcast over their pair."""
+        group = self.get(PAIR, (self.primary, sender))
+        group.broadcast(tensor, sorted((self.primary, sender)).index(sender)).wait()
+
+    # ---- weights (the sender/receiver threads' family) ----------------------------------------
+    def broadcast_weights(self, tensor: Any, devices: int) -> None:
+        if devices > 1:
+            self.get(WEIGHTS, range(devices)).broadcast(tensor, self.primary).wait()
+
+    # ---- a step's gradients (main threads) ---------------------------------------------------
+    def reduce_step(self, grads: Any, members: Sequence[int], lent: Sequence[int]) -> None:
+        """Sums a flat gradient over the step's devices; afterwards every *home* trainer of the step
+        holds the sum (a lent device's buffer is left as it was: it only gave). The order of addition is
+        fixed: the primary adds the lent devices' gradients in device order, then the home trainers
+        all-reduce."""
+        lent = sorted(set(lent) & set(members))
+        homes = sorted(set(members) - set(lent))
+        if self.device in lent:
+            self._pair_to_primary(grads, self.device)
+            return
+        if self.device == self.primary:
+            buffer = self.torch.empty_like(grads)
+            for sender in lent:
+                self._pair_to_primary(buffer, sender)
+                grads.add_(buffer)
+        if len(homes) < 2:
+            return
+        if frozenset(homes) == self.home:
+            self.get(HOME, homes).allreduce(grads).wait()
+            return
+        self._star_allreduce(grads, homes)  # the train pool changed since start-up (re-planning)
+
+    def _star_allreduce(self, grads: Any, homes: List[int]) -> None:
+        others = [d for d in homes if d != self.primary]
+        if self.device != self.primary:
+            self._pair_to_primary(grads, self.device)  # my part to the primary ...
+            self.get(PAIR, (self.primary, self.device)).broadcast(
+                grads, sorted((self.primary, self.device)).index(self.primary)).wait()  # ... and the sum back
+            return
+        buffer = self.torch.empty_like(grads)
+        for sender in others:
+            self._pair_to_primary(buffer, sender)
+            grads.add_(buffer)
+        for receiver in others:
+            self.get(PAIR, (self.primary, receiver)).broadcast(
+                grads, sorted((self.primary, receiver)).index(self.primary)).wait()
+
+    def broadcast_object(self, obj: Any, other: int, root: int) -> Tuple[Any, int]:
+        """Any torch-serialisable object between the primary and ``other`` over their pair, from ``root``;
+        returns (the object, bytes sent). Rare and off the step's critical path (a device joining the
+        train pool for good)."""
+        import io
+
+        torch = self.torch
+        group = self.get(PAIR, (self.primary, other))
+        index = sorted((self.primary, other)).index(root)
+        size = torch.zeros(1, dtype=torch.int64, device=self.tensor_device)
         if self.device == root:
             buffer = io.BytesIO()
             torch.save(obj, buffer)
-            payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+            payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(self.tensor_device)
             size[0] = payload.numel()
-        self.broadcast(size, members, root)
+        group.broadcast(size, index).wait()
         if self.device != root:
-            payload = torch.empty(int(size[0]), dtype=torch.uint8)
-        self.broadcast(payload, members, root)
+            payload = torch.empty(int(size[0]), dtype=torch.uint8, device=self.tensor_device)
+        group.broadcast(payload, index).wait()
         if self.device == root:
             return obj, int(size[0])
-        return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False), int(size[0])
+        # tensors land where this worker keeps its state (the sender's cuda:0 is this worker's own GPU too)
+        return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=self.tensor_device,
+                          weights_only=False), int(size[0])
+
+
+def _build(store: Any, kind: str, members: FrozenSet[int], device: int, device_type: str, timeout_s: float) -> Any:
+    import torch.distributed as dist
+
+    ranks = sorted(members)
+    prefix = dist.PrefixStore(f"{kind}/" + "-".join(map(str, ranks)), store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device_type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefix, ranks.index(device), len(ranks), options)
+    return dist.ProcessGroupGloo(prefix, ranks.index(device), len(ranks), timeout)

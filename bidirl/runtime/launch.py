@@ -2,9 +2,10 @@
 
 Single node (default): ``--standalone`` with ``cluster.devices + 1`` processes (the controller is
 rank 0). Several nodes: every node runs ``bidirl launch`` with the same ``--nnodes`` and
-``--rdzv-endpoint`` and its own ``--node-rank`` and ``--nproc-per-node``; the ranks over all nodes
-must add up to ``cluster.devices + 1``. One OpenMP thread per process by default, because processes
-share the CPU cores.
+``--rdzv-endpoint`` (node 0's address) and its own ``--node-rank``; node 0 runs the controller beside
+its workers, so it starts one process more (``--nproc-per-node`` overrides; the ranks over all nodes
+must add up to ``cluster.devices + 1``). :mod:`bidirl.runtime.placement` maps ranks to
+GPUs. One OpenMP thread per process by default, because processes share the CPU cores.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
 from bidirl.sched.estimates import Estimates
+
+if TYPE_CHECKING:
+    from bidirl.perf.memory import DeviceBudget
 
 PRIOR_VARIABLE = "BIDIRL_PRIOR_ESTIMATES"  # the controller's starting estimates, as JSON (see prior_from_environment)
 
@@ -31,14 +35,29 @@ class Topology:
     rdzv_endpoint: Optional[str] = None
 
 
+def processes_on_node(cfg: PipelineConfig, topo: Topology) -> int:
+    """This node's torchrun processes: its device workers, plus the controller on node 0."""
+    if topo.nproc_per_node:
+        return topo.nproc_per_node
+    if topo.nnodes == 1:
+        return cfg.cluster.devices + 1
+    if cfg.cluster.devices % topo.nnodes:
+        raise BidirlError(f"cluster.devices={cfg.cluster.devices} does not split evenly over --nnodes {topo.nnodes}: "
+                          "pass --nproc-per-node on every node (node 0 runs the controller too: its devices + 1)")
+    return cfg.cluster.devices // topo.nnodes + (1 if topo.node_rank == 0 else 0)
+
+
 def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology) -> List[str]:
-    nproc = topo.nproc_per_node or (cfg.cluster.devices + 1 if topo.nnodes == 1 else 1)
+    nproc = processes_on_node(cfg, topo)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={topo.nnodes}", f"--nproc-per-node={nproc}"]
     if topo.nnodes == 1 and not topo.rdzv_endpoint:
         command.append("--standalone")
     else:
-        command += [f"--node-rank={topo.node_rank}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={topo.rdzv_endpoint or '127.0.0.1:29400'}", f"--rdzv-id={cfg.name}"]
+        # static rendezvous: --node-rank 0 is the node whose ranks start at 0, the controller's (c10d would
+        # order nodes by arrival, and the node with the extra process could end up anywhere)
+        host, _, port = (topo.rdzv_endpoint or "127.0.0.1:29400").rpartition(":")
+        command += [f"--node-rank={topo.node_rank}", "--rdzv-backend=static", f"--master-addr={host}",
+                    f"--master-port={port}"]
     return command + ["-m", "bidirl.torchrun_main", cfg_path, *overrides]
 
 
@@ -65,6 +84,30 @@ def check_plan(cfg: PipelineConfig) -> None:
                           "runtime reduces gradients itself over train pools that change at run time")
 
 
+def check_memory(cfg: PipelineConfig, model_path: str) -> "DeviceBudget":
+    """A device holds the rollout engine and the trainer at once: a plan whose sum does not fit fails
+    here, in one line, before any process starts. HBM is ``sim.hardware``'s."""
+    from bidirl.models.footprint import model_spec_of
+    from bidirl.perf.analytic import HARDWARE
+    from bidirl.perf.memory import PROMPT_TOKENS, hot_switch_budget, rollout_share_holds_weights
+
+    spec, hardware, share = model_spec_of(cfg, model_path), HARDWARE[cfg.sim.hardware], cfg.rollout.gpu_memory_utilization
+    if not rollout_share_holds_weights(spec, hardware.hbm_bytes, share):
+        raise BidirlError(f"rollout.gpu_memory_utilization={share:g}: vLLM's {share * hardware.hbm_bytes / 1e9:.1f} GB "
+                          f"of a {hardware.name} cannot hold {spec.name}'s bf16 weights "
+                          f"({spec.weight_bytes / 1e9:.1f} GB) and a KV cache; raise it")
+    sequence = cfg.rollout.max_model_len or cfg.rollout.max_new_tokens + PROMPT_TOKENS
+    budget = hot_switch_budget(spec, hardware.hbm_bytes, share, cfg.train.micro_batch_size, sequence,
+                               compute_bytes=4 if cfg.model.dtype == "float32" else 2,
+                               logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+                               gradient_checkpointing=cfg.train.gradient_checkpointing)
+    if not budget.fits:
+        raise BidirlError(f"{spec.name} on {hardware.name} (sim.hardware): a device holds both engines and "
+                          f"{budget.verdict()}; lower rollout.gpu_memory_utilization or train.micro_batch_size, set "
+                          "train.gradient_checkpointing=true, or use a smaller model")
+    return budget
+
+
 def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology,
            prior: Tuple[Optional[Estimates], str] = (None, "none")) -> int:
     """Starts torchrun and waits for it. ``prior``: the cost estimates the controller starts from and
@@ -76,6 +119,8 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     check_plan(cfg)
     prepare_process(cfg.cluster.device_type)
     model = prepare_model(cfg, report=say)
+    if cfg.cluster.device_type == "cuda":
+        say("memory per device (both engines resident):\n" + check_memory(cfg, model.path).table())
     env = {**os.environ, "BIDIRL_MODEL_PATH": model.path}
     env.setdefault("OMP_NUM_THREADS", "1")
     env[PRIOR_VARIABLE] = encode_prior(prior)

@@ -31,11 +31,14 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     from bidirl.config import load_config
     from bidirl.errors import BidirlError
     from bidirl.runtime.mailbox import Mailbox
+    from bidirl.runtime.placement import claim, describe, gpus_on_this_node, placement_from_environment
     from bidirl.runtime_env import prepare_process
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = load_config(argv[0], argv[1:])
     prepare_process(cfg.cluster.device_type)
+    placement = placement_from_environment(cfg.cluster.device_type)
+    claim(placement, cfg.cluster.device_type, visible=gpus_on_this_node())  # before anything opens CUDA
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     devices = world - 1
     if devices != cfg.cluster.devices:
@@ -54,7 +57,8 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     # the weight sender/receiver thread gets its own store connection: threads never share a socket
     receiver_store = dist.PrefixStore("bidirl", next(dist.rendezvous("env://"))[0])
     receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
-    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store)).run()
+    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
+           placement=describe(placement, cfg.cluster.device_type)).run()
     return 0
 
 

@@ -112,7 +112,8 @@ class FinishStep(Command):
 
     handler = "finish_step"
     step: int
-    members: Tuple[int, ...]  # every device of the step, joiners included (the all-reduce group)
+    members: Tuple[int, ...]  # every device of the step, joiners included
+    lent: Tuple[int, ...] = ()  # those of them lent by the rollout pool: they give gradients, step nothing
     snapshot: bool = False  # save a weight snapshot after the step (primary only)
     probe: Tuple[Sample, ...] = ()  # a few samples for the log-prob check, before the update (primary only)
     grad_scale: float = 1.0  # a streamed step's normaliser (1 / its tokens or sequences), known once all are in
@@ -132,6 +133,7 @@ class ReceiveWeights(Command):
     handler = "receive"
     version: int
     members: Tuple[int, ...]
+    keep: bool = True  # stage it for a load; False: join the broadcast only (a trainer replica steps itself)
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ class Reply:
 class Ready(Reply):
     startup_s: float
     groups_s: float
+    placement: str = ""  # where the worker runs: host, rank, accelerator (the start-up mapping table)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import threading
 import time
 from contextlib import contextmanager
@@ -50,7 +51,7 @@ from bidirl.engines.build import build_rollout_engine, build_train_engine
 from bidirl.engines.protocols import HandOver
 from bidirl.reward import numeric_reward
 from bidirl.runtime import protocol as msg
-from bidirl.runtime.groups import Groups
+from bidirl.runtime.groups import MAIN_FAMILY, PAIR, WEIGHTS_FAMILY, Groups
 from bidirl.samples import Sample
 from bidirl.sched.roles import Device, DeviceState, Role
 
@@ -62,7 +63,7 @@ SUMMED = ("loss", "kl")  # statistics that are parts of a batch-wide sum; the ot
 
 class Worker:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, device: int, devices: int, model_path: str,
-                 store: Any = None, rollout: Any = None, receiver_mailbox: Any = None):
+                 store: Any = None, rollout: Any = None, receiver_mailbox: Any = None, placement: str = ""):
         import torch
 
         self.torch, self.device, self.cfg = torch, device, cfg
@@ -71,8 +72,10 @@ class Worker:
         self.primary, self.run_path = plan.primary, Path(plan.run_path)
         self.state = Device(device, plan.homes[device])  # role and state, by the scheduler's rules
         start = time.perf_counter()
-        self.groups = Groups(store, device, devices, self.primary, cfg.cluster.device_type,
-                             cfg.launch.collective_timeout_s)
+        self.devices = devices
+        self.train_homes = [d for d, home in enumerate(plan.homes) if home is Role.TRAIN]
+        self.groups = Groups(store, device, devices, self.primary, self.train_homes, cfg.cluster.device_type,
+                             cfg.launch.collective_timeout_s, MAIN_FAMILY)  # the main thread's own
         groups_s = time.perf_counter() - start
         own_seed = dataclasses.replace(cfg, seed=cfg.seed + 1000 * device)  # distinct sampling per device
         self.rollout = rollout or build_rollout_engine(own_seed, model_path)
@@ -92,10 +95,13 @@ class Worker:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
         self.receiver: Any = None
-        if device != self.primary and devices > 1:
-            self.receiver = threading.Thread(target=self.receive_weights, args=(receiver_mailbox,), daemon=True)
+        self.to_send: "queue.Queue[Tuple[Any, msg.Command]]" = queue.Queue()  # the primary's publishes, then Stop
+        if devices > 1:  # the primary's sender thread, every other device's receiver thread
+            loop = self.send_weights if device == self.primary else self.receive_weights
+            self.receiver = threading.Thread(target=loop, args=(receiver_mailbox,), daemon=True)
             self.receiver.start()
-        self.mailbox.post(msg.Ready(device=device, startup_s=time.perf_counter() - start, groups_s=groups_s))
+        self.mailbox.post(msg.Ready(device=device, startup_s=time.perf_counter() - start, groups_s=groups_s,
+                                    placement=placement or f"device {device}: {cfg.cluster.device_type}"))
 
     def run(self) -> None:
         while self.serve_one(self.mailbox.next_command(self.device)):
@@ -193,7 +199,7 @@ class Worker:
             if command.grad_scale != 1.0:  # a streamed step: unnormalised sums until its batch was complete
                 grads.mul_(command.grad_scale)
             reduce_start = time.perf_counter()
-            self.groups.allreduce_sum(grads, command.members)
+            self.groups.reduce_step(grads, command.members, command.lent)
             reduce_s = time.perf_counter() - reduce_start
             if self.state.home is not Role.TRAIN:  # a lent rollout device: gradients given, no optimizer to step
                 self.train.zero_grads()
@@ -210,35 +216,49 @@ class Worker:
                             checksum=self.weights_checksum())
 
     def publish(self, command: msg.PublishWeights) -> None:
-        """Primary: broadcast a snapshot of the weights from a sender thread; return at once."""
-        flat = self.torch.nn.utils.parameters_to_vector(self.params).detach().clone()
-
-        def send() -> None:
-            start = time.perf_counter()
-            self.groups.broadcast(flat, command.members, self.primary, weights=True)
-            self.side_mailbox.post(msg.WeightsStaged(device=self.device, version=command.version,
-                                                     transfer_s=time.perf_counter() - start))
-
-        threading.Thread(target=send, daemon=True).start()
+        """Primary: a snapshot of the weights to the sender thread, which broadcasts it; return at once."""
+        self.to_send.put((self.torch.nn.utils.parameters_to_vector(self.params).detach().clone(), command))
         return None
 
-    def receive(self, command: msg.ReceiveWeights) -> Optional[msg.WeightsStaged]:
-        """Receiver thread: joins one weight broadcast into a staging buffer, whatever the main thread does."""
-        flat = self.torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype)
+    def weight_groups(self, mailbox: Any) -> Groups:
+        """The weights communicator, built and first used by the thread that uses it (its own store)."""
+        return Groups(mailbox.store, self.device, self.devices, self.primary, self.train_homes,
+                      self.cfg.cluster.device_type, self.cfg.launch.collective_timeout_s, WEIGHTS_FAMILY)
+
+    def send_weights(self, mailbox: Any) -> None:
+        """The primary's sender thread: one broadcast per published version, in order."""
+        groups = self.weight_groups(mailbox)
+        while True:
+            flat, command = self.to_send.get()
+            if isinstance(command, msg.Stop):
+                return
+            start = time.perf_counter()
+            groups.broadcast_weights(flat, self.devices)
+            mailbox.post(msg.WeightsStaged(device=self.device, version=command.version,
+                                           transfer_s=time.perf_counter() - start))
+
+    def receive(self, command: msg.ReceiveWeights, groups: Groups) -> Optional[msg.WeightsStaged]:
+        """Receiver thread: joins one weight broadcast (every device joins every one: one communicator)
+        into a staging buffer, whatever the main thread does; kept only if this device will load it."""
+        flat = self.torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
+                                device=self.params[0].device)
         start = time.perf_counter()
-        self.groups.broadcast(flat, command.members, self.primary, weights=True)
-        with self.staged_ready:
-            self.staged[command.version] = flat
-            self.staged_ready.notify_all()
+        groups.broadcast_weights(flat, self.devices)
+        if command.keep:
+            with self.staged_ready:
+                self.staged[command.version] = flat
+                self.staged_ready.notify_all()
         return msg.WeightsStaged(device=self.device, version=command.version, transfer_s=time.perf_counter() - start)
 
     def receive_weights(self, mailbox: Any) -> None:
         """The receiver thread's loop over its own queue."""
+        groups = self.weight_groups(mailbox)
         while True:
             command = mailbox.next_weights_command(self.device)
             if isinstance(command, msg.Stop):
                 return
-            reply = getattr(self, command.handler)(command)  # receive, or hand_over (no reply)
+            reply = self.receive(command, groups) if isinstance(command, msg.ReceiveWeights) \
+                else self.hand_over(command)  # (no reply)
             if reply is not None:
                 mailbox.post(reply)
 
@@ -269,11 +289,11 @@ class Worker:
             load_s = self.load_rollout() if self.state.role is Role.ROLLOUT else 0.0
             join_start = time.perf_counter()
             if self.state.role is Role.TRAIN and self.device != self.primary:
-                self.groups.get([self.primary, self.device])  # pre-built at start: joining is a lookup
+                self.groups.get(PAIR, (self.primary, self.device))  # pre-built at start: joining is a lookup
             join_s = time.perf_counter() - join_start
             adopt_start = time.perf_counter()
             if adopt:  # a new optimizer replica: the primary's state, received over the pair's group
-                state, _ = self.groups.broadcast_object(None, [self.primary, self.device], self.primary)
+                state, _ = self.groups.broadcast_object(None, self.device, self.primary)
                 self.train.adopt_training_state(state)
                 self.state.version = self.train.version
             adopt_s = time.perf_counter() - adopt_start if adopt else 0.0
@@ -291,7 +311,7 @@ class Worker:
 
     def share_train_state(self, command: msg.ShareTrainState) -> msg.TrainStateShared:
         """Primary: the whole training state to a device joining the train pool (it waits in ``change_home``)."""
-        _, size = self.groups.broadcast_object(self.train.training_state(), [self.primary, command.device], self.primary)
+        _, size = self.groups.broadcast_object(self.train.training_state(), command.device, self.primary)
         return msg.TrainStateShared(to=command.device, bytes=size, version=self.train.version)
 
     def evaluate(self, command: msg.EvaluateSnapshots) -> msg.Evaluated:
@@ -306,7 +326,9 @@ class Worker:
         return msg.CheckpointSaved(path=command.path, version=self.train.version)
 
     def stop(self, command: msg.Stop) -> msg.Stopped:
-        if self.receiver is not None:  # it got its own Stop; a thread blocked in C++ at exit aborts
+        if self.receiver is not None:  # it got its own Stop (the primary's sender: here); a thread blocked in
+            if self.device == self.primary:  # C++ at exit aborts
+                self.to_send.put((None, msg.Stop()))
             self.receiver.join(timeout=self.cfg.launch.collective_timeout_s)
         return msg.Stopped()
 
@@ -353,5 +375,5 @@ class Worker:
         path = self.run_path / "snapshots" / f"v{version:05d}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        self.torch.save({k: v.clone() for k, v in self.train.state_dict().items()}, tmp)
+        self.torch.save({k: v.detach().to("cpu", copy=True) for k, v in self.train.state_dict().items()}, tmp)
         tmp.replace(path)
