@@ -77,6 +77,9 @@ from bidirl.sched.trace import median
 from bidirl.ui import progress_bar, say
 
 
+BLOCKED_BY = {"sync": ("train", "pair"), "train": ("sync", "pair"), "pair": ("sync",)}  # (Controller.exclusive)
+
+
 @dataclass
 class StepInProgress:
     """The train step being computed: its micro-batches not yet handed out, the devices computing one,
@@ -360,14 +363,16 @@ class Controller:
     def exclusive(self, kind: str, send: Callable[[], None]) -> None:
         """Sends ``send`` now, or once the other communicator family is done everywhere: a weight broadcast
         ("sync": the receiver threads' communicator) never runs while a main-thread transfer ("train",
-        "pair") does, on any device (:mod:`bidirl.runtime.groups`). First come, first sent."""
+        "pair") does, on any device (:mod:`bidirl.runtime.groups`). First come, first sent. A step's
+        reduction also waits for a joining trainer's state, so no version is made while a publish waits:
+        the version a deferred publish names is still the primary's."""
         self.deferred.append((kind, send))
         self.flush_deferred()
 
     def flush_deferred(self) -> None:
         while self.deferred:
             kind, send = self.deferred[0]
-            if any(self.pending[k] for k in (("train", "pair") if kind == "sync" else ("sync",))):
+            if any(self.pending[k] for k in BLOCKED_BY[kind]):
                 return
             self.deferred.popleft()
             send()
@@ -443,7 +448,8 @@ class Controller:
                                                      probe=batch.probe if mine else ()))
 
     def _sync(self, action: ev.Sync) -> None:  # the primary publishes; receiver threads stage it in the background
-        self.exclusive("sync", lambda: self.publish(self.cluster.version, set(action.devices)))
+        version = self.cluster.version
+        self.exclusive("sync", lambda: self.publish(version, set(action.devices)))
 
     def publish(self, version: int, loading: Set[int]) -> None:
         """Every device joins the broadcast (one communicator); those that will load the version keep it."""

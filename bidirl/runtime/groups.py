@@ -77,10 +77,19 @@ class Groups:
                               "(only those of groups.communicators exist)")
         return self.built[key]
 
-    def _pair_to_primary(self, tensor: Any, sender: int) -> None:
-        """``sender``'s tensor into the primary's (the same shape): a broadcast over their pair."""
-        group = self.get(PAIR, (self.primary, sender))
-        group.broadcast(tensor, sorted((self.primary, sender)).index(sender)).wait()
+    def _over_pair(self, tensor: Any, other: int, root: int) -> None:
+        """``root``'s tensor into the other's (the same shape): a broadcast over the primary's pair with ``other``."""
+        self.get(PAIR, (self.primary, other)).broadcast(tensor, sorted((self.primary, other)).index(root)).wait()
+
+    def _add_at_primary(self, grads: Any, senders: Sequence[int]) -> None:
+        """Primary: each sender's gradients added to its own, in device order; a sender: its part sent."""
+        if self.device != self.primary:
+            self._over_pair(grads, self.device, self.device)
+            return
+        buffer = self.torch.empty_like(grads)
+        for sender in senders:
+            self._over_pair(buffer, sender, sender)
+            grads.add_(buffer)
 
     # ---- weights (the sender/receiver threads' family) ----------------------------------------
     def broadcast_weights(self, tensor: Any, devices: int) -> None:
@@ -95,15 +104,9 @@ class Groups:
         all-reduce."""
         lent = sorted(set(lent) & set(members))
         homes = sorted(set(members) - set(lent))
-        if self.device in lent:
-            self._pair_to_primary(grads, self.device)
-            return
-        if self.device == self.primary:
-            buffer = self.torch.empty_like(grads)
-            for sender in lent:
-                self._pair_to_primary(buffer, sender)
-                grads.add_(buffer)
-        if len(homes) < 2:
+        if self.device in lent or self.device == self.primary:
+            self._add_at_primary(grads, lent)
+        if self.device in lent or len(homes) < 2:
             return
         if frozenset(homes) == self.home:
             self.get(HOME, homes).allreduce(grads).wait()
@@ -111,19 +114,11 @@ class Groups:
         self._star_allreduce(grads, homes)  # the train pool changed since start-up (re-planning)
 
     def _star_allreduce(self, grads: Any, homes: List[int]) -> None:
+        """The parts to the primary, the sum back to each (in device order)."""
         others = [d for d in homes if d != self.primary]
-        if self.device != self.primary:
-            self._pair_to_primary(grads, self.device)  # my part to the primary ...
-            self.get(PAIR, (self.primary, self.device)).broadcast(
-                grads, sorted((self.primary, self.device)).index(self.primary)).wait()  # ... and the sum back
-            return
-        buffer = self.torch.empty_like(grads)
-        for sender in others:
-            self._pair_to_primary(buffer, sender)
-            grads.add_(buffer)
-        for receiver in others:
-            self.get(PAIR, (self.primary, receiver)).broadcast(
-                grads, sorted((self.primary, receiver)).index(self.primary)).wait()
+        self._add_at_primary(grads, others)
+        for receiver in (others if self.device == self.primary else [self.device]):
+            self._over_pair(grads, receiver, self.primary)
 
     def broadcast_object(self, obj: Any, other: int, root: int) -> Tuple[Any, int]:
         """Any torch-serialisable object between the primary and ``other`` over their pair, from ``root``;
@@ -132,18 +127,16 @@ class Groups:
         import io
 
         torch = self.torch
-        group = self.get(PAIR, (self.primary, other))
-        index = sorted((self.primary, other)).index(root)
         size = torch.zeros(1, dtype=torch.int64, device=self.tensor_device)
         if self.device == root:
             buffer = io.BytesIO()
             torch.save(obj, buffer)
             payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(self.tensor_device)
             size[0] = payload.numel()
-        group.broadcast(size, index).wait()
+        self._over_pair(size, other, root)
         if self.device != root:
             payload = torch.empty(int(size[0]), dtype=torch.uint8, device=self.tensor_device)
-        group.broadcast(payload, index).wait()
+        self._over_pair(payload, other, root)
         if self.device == root:
             return obj, int(size[0])
         # tensors land where this worker keeps its state (the sender's cuda:0 is this worker's own GPU too)
