@@ -52,6 +52,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from bidirl.config import INSTANCE_SIZES, PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.analytic import PerfModel
+from bidirl.perf.memory import DeviceBudget
 from bidirl.perf.workload import Workload
 from bidirl.sched.assembly import DriverCapabilities
 from bidirl.sched.estimates import Estimates, balanced_split
@@ -138,6 +139,25 @@ def memory_advice(perf: Any, train_devices: int, longest_sequence: int, instance
     return (f"a train device needs {memory['train_state'] / train_devices / gb:.0f} GB of training state (sharded "
             f"over {train_devices}) + {memory['activations'] / gb:.0f} GB of activations, of "
             f"{memory['hbm'] / gb:.0f} GB")
+
+
+def live_device_budget(cfg: PipelineConfig) -> Optional[DeviceBudget]:
+    """:func:`~bidirl.models.footprint.device_budget` of a pipeline meant for the live runtime on accelerators
+    (``cluster.device_type: cuda``), when its model's size can be counted without a download (the tiny
+    model, a local folder, a hub id already in the local cache); None otherwise (``bidirl launch``
+    checks again once the model is prepared)."""
+    if cfg.cluster.device_type != "cuda":
+        return None
+    from bidirl.models.footprint import device_budget, model_spec_of
+
+    source = cfg.model.source
+    if source != "tiny" and not Path(source).expanduser().exists():  # a hub id: its cached config, no download
+        from huggingface_hub import try_to_load_from_cache
+
+        source = try_to_load_from_cache(source, "config.json")
+        if not isinstance(source, str):
+            return None
+    return device_budget(cfg, model_spec_of(cfg, "pipeline" if source == "tiny" else source))
 
 
 def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[int] = None,
@@ -246,6 +266,8 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     then some size must fit). Run before any output exists."""
     if policy not in POLICIES:
         raise BidirlError(f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
+    if check_memory:
+        live_device_budget(cfg)  # the runtime's hot-switch devices hold both engines, whatever the split
     if not cfg.cluster.instance_devices:  # the planner's choice: at least one size must pass
         fitting_sizes(cfg, policy, check_memory)
         return []

@@ -4,6 +4,7 @@ and the engines' memory settings."""
 import pytest
 
 from bidirl.errors import BidirlError
+from bidirl.perf.analytic import ARCHITECTURES
 from bidirl.runtime.launch import Topology, processes_on_node, torchrun_command
 from bidirl.runtime.placement import claim, place
 from tests.builders import small_config
@@ -108,7 +109,6 @@ def test_a_hot_switch_device_budget_counts_both_engines_from_the_real_parameter_
 
 
 def test_a_plan_that_does_not_fit_device_memory_fails_before_launch_naming_the_largest_items(tmp_path):
-    from bidirl.perf.analytic import ARCHITECTURES
     from bidirl.runtime.launch import check_memory
 
     seven_b = model_folder(tmp_path, "qwen2.5-7b", ARCHITECTURES["7B"])
@@ -120,6 +120,41 @@ def test_a_plan_that_does_not_fit_device_memory_fails_before_launch_naming_the_l
         check_memory(gpu_config("train.micro_batch_size=64"), one_b)
     with pytest.raises(BidirlError, match=r"rollout.gpu_memory_utilization=0.05: .* cannot hold"):
         check_memory(gpu_config("rollout.gpu_memory_utilization=0.05"), seven_b)
+
+
+def test_the_planner_refuses_a_hot_switch_setting_that_launch_would_refuse(tmp_path):
+    from bidirl.planner import plan, preflight
+
+    seven_b = model_folder(tmp_path, "qwen2.5-7b", ARCHITECTURES["7B"])
+    cfg = gpu_config(f"model.source={seven_b}", "train.micro_batch_size=16", "cluster.devices=4",
+                     "launch.mode=async")
+    with pytest.raises(BidirlError, match=r"a device holds both engines and .* does not fit in 80 GB"):
+        plan(cfg, check_memory=True)
+    preflight(gpu_config(f"model.source={model_folder(tmp_path, 'qwen2.5-1.5b', QWEN25_1_5B)}",
+                         "train.micro_batch_size=16", "train.gradient_checkpointing=true",
+                         "rollout.gpu_memory_utilization=0.3", "cluster.devices=4", "launch.mode=async"), "async")
+
+
+def test_a_node_with_fewer_gpus_than_workers_is_refused_before_torchrun_starts():
+    from bidirl.runtime.placement import check_node
+
+    check_node(8, True, 8)  # eight workers and the controller, which needs no GPU
+    with pytest.raises(BidirlError, match="would run 8 device workers .*controller.* but has 4 GPUs"):
+        check_node(8, True, 4)
+    with pytest.raises(BidirlError, match="has 2 GPUs visible"):
+        check_node(4, False, 8, visible="0,3")
+    check_node(64, False, None)  # no driver listing: nothing known to check
+
+
+def test_launching_on_cuda_without_a_gpu_is_one_line():
+    import torch
+
+    from bidirl.runtime.launch import check_gpus
+
+    if torch.cuda.device_count():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(BidirlError, match="cluster.device_type=cuda but this node has no NVIDIA GPU"):
+        check_gpus(gpu_config("cluster.devices=2"), Topology())
 
 
 # ---- communicators -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any, Dict
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
 from bidirl.perf.analytic import ModelSpec
+from bidirl.perf.memory import DeviceBudget
 
 
 def count_model(hf_config: Any, name: str) -> ModelSpec:
@@ -99,3 +100,29 @@ def _count(cfg: PipelineConfig, source: str) -> ModelSpec:
     except OSError as exc:
         raise BidirlError(f"sim.model {source!r}: no model config found (a preset name, 'pipeline', a folder with "
                           f"config.json, or a hub id in the local cache): {str(exc).splitlines()[0]}") from None
+
+
+def device_budget(cfg: PipelineConfig, spec: ModelSpec) -> DeviceBudget:
+    """The live runtime's memory budget of one accelerator (:mod:`bidirl.perf.memory`): every device keeps
+    vLLM (``rollout.gpu_memory_utilization`` of ``sim.hardware``'s HBM) *and* a replicated trainer, so a
+    setting whose sum does not fit is a BidirlError line, whatever the partition. ``bidirl launch``
+    checks it on the prepared model; the planner (:func:`~bidirl.planner.live_device_budget`) on the
+    pipeline's model when its size is known here."""
+    from bidirl.perf.analytic import HARDWARE
+    from bidirl.perf.memory import PROMPT_TOKENS, hot_switch_budget, rollout_share_holds_weights
+
+    hardware, share = HARDWARE[cfg.sim.hardware], cfg.rollout.gpu_memory_utilization
+    if not rollout_share_holds_weights(spec, hardware.hbm_bytes, share):
+        raise BidirlError(f"rollout.gpu_memory_utilization={share:g}: vLLM's {share * hardware.hbm_bytes / 1e9:.1f} GB "
+                          f"of a {hardware.name} cannot hold {spec.name}'s bf16 weights "
+                          f"({spec.weight_bytes / 1e9:.1f} GB) and a KV cache; raise it")
+    sequence = cfg.rollout.max_model_len or cfg.rollout.max_new_tokens + PROMPT_TOKENS
+    budget = hot_switch_budget(spec, hardware.hbm_bytes, share, cfg.train.micro_batch_size, sequence,
+                               compute_bytes=4 if cfg.model.dtype == "float32" else 2,
+                               logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
+                               gradient_checkpointing=cfg.train.gradient_checkpointing)
+    if not budget.fits:
+        raise BidirlError(f"{spec.name} on {hardware.name} (sim.hardware): a device holds both engines and "
+                          f"{budget.verdict()}; lower rollout.gpu_memory_utilization or train.micro_batch_size, set "
+                          "train.gradient_checkpointing=true, or use a smaller model")
+    return budget

@@ -86,26 +86,28 @@ def check_plan(cfg: PipelineConfig) -> None:
 
 def check_memory(cfg: PipelineConfig, model_path: str) -> "DeviceBudget":
     """A device holds the rollout engine and the trainer at once: a plan whose sum does not fit fails
-    here, in one line, before any process starts. HBM is ``sim.hardware``'s."""
-    from bidirl.models.footprint import model_spec_of
-    from bidirl.perf.analytic import HARDWARE
-    from bidirl.perf.memory import PROMPT_TOKENS, hot_switch_budget, rollout_share_holds_weights
+    here, in one line, before any process starts (:func:`~bidirl.models.footprint.device_budget`)."""
+    from bidirl.models.footprint import device_budget, model_spec_of
 
-    spec, hardware, share = model_spec_of(cfg, model_path), HARDWARE[cfg.sim.hardware], cfg.rollout.gpu_memory_utilization
-    if not rollout_share_holds_weights(spec, hardware.hbm_bytes, share):
-        raise BidirlError(f"rollout.gpu_memory_utilization={share:g}: vLLM's {share * hardware.hbm_bytes / 1e9:.1f} GB "
-                          f"of a {hardware.name} cannot hold {spec.name}'s bf16 weights "
-                          f"({spec.weight_bytes / 1e9:.1f} GB) and a KV cache; raise it")
-    sequence = cfg.rollout.max_model_len or cfg.rollout.max_new_tokens + PROMPT_TOKENS
-    budget = hot_switch_budget(spec, hardware.hbm_bytes, share, cfg.train.micro_batch_size, sequence,
-                               compute_bytes=4 if cfg.model.dtype == "float32" else 2,
-                               logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-                               gradient_checkpointing=cfg.train.gradient_checkpointing)
-    if not budget.fits:
-        raise BidirlError(f"{spec.name} on {hardware.name} (sim.hardware): a device holds both engines and "
-                          f"{budget.verdict()}; lower rollout.gpu_memory_utilization or train.micro_batch_size, set "
-                          "train.gradient_checkpointing=true, or use a smaller model")
-    return budget
+    return device_budget(cfg, model_spec_of(cfg, model_path))
+
+
+def check_gpus(cfg: PipelineConfig, topo: Topology) -> None:
+    """Each of this node's device workers owns a GPU (:mod:`bidirl.runtime.placement`): too few, or none,
+    is one line here rather than a failure inside torchrun."""
+    from bidirl.runtime.placement import check_node, gpus_on_this_node
+
+    gpus = gpus_on_this_node()
+    if gpus is None:  # no NVIDIA driver listing: ask torch (NVML; this process never trains)
+        import torch
+
+        gpus = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not gpus and not (visible or "").strip():
+        raise BidirlError("cluster.device_type=cuda but this node has no NVIDIA GPU: use cluster.device_type=cpu, "
+                          "or run on a GPU node")
+    controller_here = topo.node_rank == 0
+    check_node(processes_on_node(cfg, topo) - controller_here, controller_here, gpus, visible)
 
 
 def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology,
@@ -117,6 +119,8 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     from bidirl.ui import say
 
     check_plan(cfg)
+    if cfg.cluster.device_type == "cuda":  # before anything is downloaded
+        check_gpus(cfg, topo)
     prepare_process(cfg.cluster.device_type)
     model = prepare_model(cfg, report=say)
     if cfg.cluster.device_type == "cuda":

@@ -81,6 +81,21 @@ def gpus_on_this_node() -> Optional[int]:
         return None
 
 
+def check_node(workers_here: int, controller_here: bool, gpus: Optional[int],
+               visible: Optional[str] = None) -> None:
+    """Before torchrun starts: this node's device workers each need a GPU of their own (the controller
+    needs none). ``gpus``: the driver's count (None: unknown, nothing to check); ``visible``:
+    ``CUDA_VISIBLE_DEVICES`` if set, which narrows it."""
+    listed = [d for d in (visible or "").split(",") if d.strip()]
+    available = len(listed) if visible is not None and visible.strip() else gpus
+    if available is None or workers_here <= available:
+        return
+    extra = " (one more process runs the controller, which uses no GPU)" if controller_here else ""
+    raise BidirlError(f"this node would run {workers_here} device workers{extra} but has {available} "
+                      f"GPU{'s' if available != 1 else ''}{' visible (CUDA_VISIBLE_DEVICES)' if listed else ''}: "
+                      "lower cluster.devices or --nproc-per-node, or add nodes (--nnodes)")
+
+
 def describe(placement: Placement, device_type: str) -> str:
     """One row of the start-up mapping table, as the worker sees itself."""
     where = f"gpu {placement.gpu} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})" \

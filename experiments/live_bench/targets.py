@@ -118,11 +118,13 @@ def main() -> None:
     parser.add_argument("--eta", type=int, default=1)
     parser.add_argument("--out", default=str(HERE / "targets.json"))
     args = parser.parse_args()
+    names = args.workloads.split(",")
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:  # before anything runs, as argparse reports its own errors: one line, exit 2
+        parser.error(f"--workloads: unknown workload {unknown[0]!r} (known: {', '.join(WORKLOADS)})")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for name in args.workloads.split(","):
-            if name not in WORKLOADS:
-                raise SystemExit(f"--workloads: unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+        for name in names:
             rows += one_workload(name, args.rounds, args.steps, args.eta, Path(scratch))
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
     print_tables(rows)
