@@ -51,6 +51,9 @@ class TinyModelConfig:
     # what the base model learns to answer: "answer" (" 17") or "worked" (" 4+6=10, 10+7=17 #### 17",
     # the task's steps where it has them): long and length-varying responses from the same task
     sft_target: str = "answer"
+    # the base model's own seed (initialisation and SFT order), separate from the RL run's ``seed``: runs
+    # at different RL seeds start from one base model, so their gains compare
+    seed: int = 0
 
 
 @dataclass
@@ -162,6 +165,9 @@ class LoggingConfig:
     wandb_project: str = "bidirl"
     eval_every: int = 10
     progress: bool = True
+    # write every step's trained micro-batches (the samples as trained, which device computed them) to
+    # batches.jsonl in the run directory: the record a replay on one device checks the run against
+    record_batches: bool = False
 
 
 @dataclass

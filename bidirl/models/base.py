@@ -29,13 +29,14 @@ def tiny_cache_dir(cfg: PipelineConfig) -> Path:
     tiny = asdict(cfg.model.tiny)
     if tiny["sft_target"] == "answer":  # the original recipe: its cache keys stay as they were
         del tiny["sft_target"]
+    del tiny["seed"]  # keyed as "seed", where the RL seed used to be (caches of seed 0 stay valid)
     parts = {
         "tiny": tiny,
         "task": cfg.data.task,
         "task_config": dict(cfg.data.task_config),
         "data_seed": cfg.data.seed,
         "prompt_style": cfg.data.prompt_style,
-        "seed": cfg.seed,
+        "seed": cfg.model.tiny.seed,
         "recipe": TINY_RECIPE_VERSION,
     }
     if cfg.data.few_shot:  # the base model is supervised on the prompts it will see (few-shot included)
@@ -62,7 +63,7 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
 
     start = time.time()
     tokenizer = build_tokenizer()
-    model = build_model(cfg.model.tiny, len(tokenizer), cfg.seed)
+    model = build_model(cfg.model.tiny, len(tokenizer), cfg.model.tiny.seed)
     data = cfg.data
     train = load_reasoning_gym(data.task, data.task_config, data.seed, "train", cfg.model.tiny.sft_examples)
     held_out = load_problems(data, "test")
@@ -72,7 +73,7 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
     with progress_bar("SFT tiny base model", cfg.model.tiny.sft_steps, cfg.logging.progress) as advance:
         losses = supervised_finetune(
             model, tokenizer, train, prompt, lambda p: target_completion(p, cfg.model.tiny.sft_target),
-            cfg.model.tiny, cfg.seed,
+            cfg.model.tiny, cfg.model.tiny.seed,
             on_step=lambda step, loss: advance(loss=loss),
         )
     sft_s = time.time() - start

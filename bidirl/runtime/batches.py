@@ -52,6 +52,7 @@ class Batch:
     stats: Dict[str, Any]
     probe: Tuple[Sample, ...]  # a few samples the primary re-scores with the weights it trains
     grad_scale: float = 1.0  # a streamed batch's normaliser, applied once its gradients are summed
+    groups: Tuple[int, ...] = ()  # every prompt group the batch holds, informative or not (batches.jsonl)
 
 
 class RolloutData:
@@ -92,7 +93,8 @@ class RolloutData:
         items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + size]), total_tokens=total_tokens,
                                   total_sequences=max(1, len(informative)))
                  for i in range(0, len(informative), size)]
-        return Batch(k, items, batch_stats(k, samples, informative, rollout_s), tuple(samples[:PROBE_SAMPLES]))
+        return Batch(k, items, batch_stats(k, samples, informative, rollout_s), tuple(samples[:PROBE_SAMPLES]),
+                     groups=group_ids(samples))
 
     def stream(self, k: int) -> "StreamedBatch":
         """Batch ``k`` of a streamed step, built as its groups finish."""
@@ -140,7 +142,8 @@ class StreamedBatch:
         else:  # seq_mean, without a KL term (PipelineConfig.live_driver)
             scale = 1.0 / max(1, len(self.informative))
         stats = batch_stats(self.k, self.samples, self.informative, self.rollout_s)
-        return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale)
+        return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale,
+                     groups=group_ids(self.samples))
 
 
 def by_group(samples: Sequence[Sample]) -> Dict[int, List[Sample]]:
@@ -149,6 +152,11 @@ def by_group(samples: Sequence[Sample]) -> Dict[int, List[Sample]]:
     for sample in samples:
         groups.setdefault(sample.prompt_index, []).append(sample)
     return groups
+
+
+def group_ids(samples: Sequence[Sample]) -> Tuple[int, ...]:
+    """The run-wide ids of the prompt groups ``samples`` belong to (set by the worker that generated them)."""
+    return tuple(sorted({s.extra["group"] for s in samples if "group" in s.extra}))
 
 
 def informative_samples(samples: Sequence[Sample]) -> List[Sample]:

@@ -440,6 +440,7 @@ class Controller:
         """Every device of the step sums its gradients (lent devices give theirs to the primary)."""
         members, primary, batch = tuple(sorted(step.members)), self.cluster.primary, step.batch
         lent = tuple(d for d in members if self.cluster.devices[d].home is Role.ROLLOUT)
+        self.report.record_batch(batch, members, lent, step.computed)
         self.pending["train"] = set(members)
         for member in members:
             mine = member == primary

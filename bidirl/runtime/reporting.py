@@ -9,6 +9,7 @@ version existed, so accuracy-against-time plots show when a model was that good.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any, Dict, List, Tuple
@@ -45,6 +46,21 @@ class RunReport:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+    # ---- the record a replay checks -----------------------------------------------------------
+    def record_batch(self, batch: Any, members: Tuple[int, ...], lent: Tuple[int, ...],
+                     computed: Dict[int, List[msg.ComputeGrads]]) -> None:
+        """One line of ``batches.jsonl`` (``logging.record_batches``): the step's groups, and every
+        micro-batch it trained -- the samples as the trainer saw them, and the device that computed it."""
+        if not self.cfg.logging.record_batches:
+            return
+        items = [{"device": device, "total_tokens": item.total_tokens, "total_sequences": item.total_sequences,
+                  "samples": [dataclasses.asdict(s) for s in item.samples]}
+                 for device in sorted(computed) for item in computed[device]]
+        line = {"step": batch.step, "groups": list(batch.groups), "grad_scale": batch.grad_scale,
+                "members": list(members), "lent": list(lent), "items": items}
+        with open(self.run.path / "batches.jsonl", "a") as out:
+            out.write(json.dumps(line) + "\n")
 
     # ---- snapshots ---------------------------------------------------------------------------
     def snapshot_path(self, version: int) -> str:
