@@ -26,6 +26,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from bidirl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from bidirl.errors import ConfigError
+from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
 from bidirl.perf.workload import PRESETS as WORKLOADS
 from bidirl.sched.assembly import LIVE, DriverCapabilities, RunShape
@@ -128,6 +129,9 @@ class AlgorithmConfig:
     # in (veRL fully-async's trigger_parameter_sync_step); used by verl-async only, simulated only
     updates_per_sync: int = 1
     format_reward: float = 0.0
+    # how stale samples are corrected: "decoupled" (AReaL's decoupled PPO, bidirl.grpo) or "naive" (PPO
+    # with the behaviour policy as the old policy: the convergence study's negative control)
+    correction: str = "decoupled"
 
 
 @dataclass
@@ -324,6 +328,7 @@ _CHOICES = {
     "algorithm.name": ("grpo",),
     "model.tiny.sft_target": ("answer", "worked"),
     "algorithm.loss_aggregation": ("token_mean", "seq_mean"),
+    "algorithm.correction": CORRECTIONS,
     "cluster.device_type": ("cpu", "cuda"),
     "sim.hardware": tuple(HARDWARE),
     "sim.workload": tuple(WORKLOADS),

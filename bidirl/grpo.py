@@ -57,19 +57,36 @@ def assign_advantages(samples: Sequence[Sample], std_normalize: bool = True) -> 
             sample.advantage = adv
 
 
+CORRECTIONS = ("decoupled", "naive")
+
+
 def policy_loss(
     logp: Any, behaviour_logp: Any, advantages: Any, mask: Any, clip_eps: float, aggregation: str,
-    total_tokens: int, total_sequences: int,
+    total_tokens: int, total_sequences: int, correction: str = "decoupled",
 ) -> Dict[str, Any]:
     """Loss of one micro-batch, scaled so that summing over micro-batches gives the batch loss.
 
     Shapes: ``logp``, ``behaviour_logp``, ``mask``: [B, T]; ``advantages``: [B].
+
+    ``correction``: "decoupled" (the module docstring); "naive" is plain PPO whose old policy is the
+    behaviour policy -- ``rho = pi_theta / mu``, clipped at 1 +- eps_c, no ``w`` -- so a stale token whose
+    ratio left the clip range gives no gradient at all (the negative control of the convergence study).
+    The statistics: the mean importance weight (``w``; naive: ``rho``) and the fraction of tokens it was
+    cut at (``w_max``; naive: outside the clip range).
     """
     import torch
 
-    prox = logp.detach()
-    ratio = torch.exp(logp - prox)
-    weight = torch.exp(prox - behaviour_logp).clamp(max=IMPORTANCE_WEIGHT_CAP)
+    if correction == "naive":
+        prox = behaviour_logp
+        ratio = torch.exp(logp - prox)
+        weight = torch.ones_like(ratio)
+        shown, cut = ratio.detach(), (ratio.detach() - 1).abs() > clip_eps
+    else:
+        prox = logp.detach()
+        ratio = torch.exp(logp - prox)
+        raw = torch.exp(prox - behaviour_logp)
+        weight = raw.clamp(max=IMPORTANCE_WEIGHT_CAP)
+        shown, cut = weight, raw > IMPORTANCE_WEIGHT_CAP
     adv = advantages.unsqueeze(1)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     per_token = -weight * surrogate * mask
@@ -80,7 +97,8 @@ def policy_loss(
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         stats = {
-            "importance_weight_mean": ((weight * mask).sum() / n).item(),
+            "importance_weight_mean": ((shown * mask).sum() / n).item(),
+            "importance_weight_clipped": ((cut * mask).sum() / n).item(),
             "behaviour_logp_abs_diff": (((prox - behaviour_logp).abs() * mask).sum() / n).item(),
         }
     return {"loss": loss, "stats": stats}

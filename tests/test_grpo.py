@@ -63,3 +63,18 @@ def test_sequence_mean_weighs_each_sequence_equally_whatever_its_length():
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     policy_loss(logp, logp.detach(), torch.tensor([1.0, 1.0]), mask, 0.2, "seq_mean", 5, 2)["loss"].backward()
     assert logp.grad[0, 0].item() == pytest.approx(-1 / 8) and logp.grad[1, 0].item() == pytest.approx(-1 / 2)
+
+
+def test_naive_ppo_drops_stale_tokens_outside_the_clip_range_where_the_decoupled_correction_weights_them():
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    stale = torch.tensor([[-1.0, -3.0]])  # the second token: its behaviour policy gave it e^-2 the probability
+    mask = torch.ones_like(logp)
+    naive = policy_loss(logp, stale, torch.tensor([1.0]), mask, 0.2, "token_mean", 2, 1, correction="naive")
+    naive["loss"].backward()
+    assert logp.grad[0, 1] == 0 and logp.grad[0, 0] != 0  # rho = e^2 is clipped: that token teaches nothing
+    assert naive["stats"]["importance_weight_clipped"] == pytest.approx(0.5)
+    logp.grad = None
+    decoupled = policy_loss(logp, stale, torch.tensor([1.0]), mask, 0.2, "token_mean", 2, 1)
+    decoupled["loss"].backward()
+    assert logp.grad[0, 1] != 0  # weighted by min(e^2, w_max) instead
+    assert decoupled["stats"]["importance_weight_clipped"] == pytest.approx(0.5)  # e^2 > 5: cut at the cap

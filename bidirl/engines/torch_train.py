@@ -82,7 +82,8 @@ class TorchTrainEngine:
         behaviour = behaviour.to(self.device)
         adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=self.device)
         out = policy_loss(logp, behaviour, adv, mask, self.cfg.algorithm.clip_eps,
-                          self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences)
+                          self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences,
+                          self.cfg.algorithm.correction)
         loss, stats = out["loss"], dict(out["stats"])
         if self.ref is not None:
             with torch.no_grad():

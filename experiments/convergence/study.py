@@ -1,0 +1,214 @@
+"""Convergence study: does borrowing change what GRPO learns? Held-out accuracy against samples trained.
+
+    .venv/bin/python experiments/convergence/study.py                      # every arm, 3 seeds (resumable)
+    .venv/bin/python experiments/convergence/study.py --arms sync,bidirl-eta1 --seeds 0,1 --steps 50
+    .venv/bin/python experiments/convergence/study.py --report             # tables and plots only
+
+Arms, every one a live ``bidirl launch`` of the CPU default (``pipelines/cpu-tiny.yaml``: the project-
+built tiny model, reasoning-gym arithmetic, 128 prompts x 4 samples per step) for the same number of
+steps, hence the same number of samples:
+
+  sync                 on-policy synchronous GRPO, one device (the reference)
+  bidirl-eta{E}        2 devices, both lending directions, streamed steps, migration; staleness <= E
+  async-eta{E}         2 devices, fixed 1/1 split, staleness <= E: the same eta without borrowing
+  async-eta4-naive     async at eta 4 with the decoupled-PPO correction off (naive PPO on stale
+                       samples): the negative control -- does the study detect a convergence effect?
+
+E in {0, 1, 2, 4}. Seeds are RL seeds (sampling, prompt order); every arm starts from the one base model
+(``model.tiny.seed`` stays 0). Held-out accuracy is greedy, on ``data.eval_size=2000`` problems (standard
+error under 1 point at these accuracies), every ``--eval-every`` steps and at the end.
+
+Each finished run leaves ``results/steps<N>/<arm>-seed<S>.json`` (its curve, staleness histogram,
+importance-weight statistics, throughput); a rerun skips those, so the study can be run a few arms at a
+time. ``--report`` (also run after every study) writes ``results-steps<N>.md`` and
+``figures/curves-steps<N>.png`` from whatever results exist, and the README quotes them. Nothing is tuned toward a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+BIDIRL = str(Path(sys.executable).with_name("bidirl"))
+PIPELINE = "pipelines/cpu-tiny.yaml"
+COMMON = ["data.eval_size=2000", "logging.wandb_mode=disabled", "logging.progress=false",
+          "launch.chunk_groups=32"]  # four chunks per batch: something to stream, migrate and lend
+ETAS = (0, 1, 2, 4)
+ARMS = {"sync": ["cluster.devices=1", "launch.mode=sync"]}
+for _eta in ETAS:
+    ARMS[f"bidirl-eta{_eta}"] = ["cluster.devices=2", "launch.mode=bidirl", f"algorithm.staleness={_eta}"]
+for _eta in ETAS:
+    ARMS[f"async-eta{_eta}"] = ["cluster.devices=2", "cluster.rollout_devices=1", "launch.mode=async",
+                                f"algorithm.staleness={_eta}"]
+ARMS["async-eta4-naive"] = ARMS["async-eta4"] + ["algorithm.correction=naive"]
+
+
+def read_jsonl(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_arm(arm: str, seed: int, steps: int, eval_every: int, scratch: Path) -> dict:
+    """One live run; what the study keeps of it."""
+    out_dir = scratch / f"{arm}-seed{seed}"
+    command = [BIDIRL, "launch", PIPELINE, *COMMON, *ARMS[arm], f"seed={seed}", f"train.steps={steps}",
+               f"logging.eval_every={eval_every}", f"output_dir={out_dir}"]
+    start = time.time()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"{arm} seed {seed} failed: {tail}")
+    (summary_path,) = out_dir.glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    steps_rows = [r for r in read_jsonl(summary_path.parent / "metrics.jsonl") if "reward_mean" in r]
+    weights = [r["importance_weight_mean"] for r in steps_rows if "importance_weight_mean" in r]
+    clipped = [r["importance_weight_clipped"] for r in steps_rows if "importance_weight_clipped" in r]
+    return {"arm": arm, "seed": seed, "steps": steps, "overrides": ARMS[arm],
+            "curve": [(p["samples"], p["accuracy"]) for p in summary["curve"]],
+            "accuracy_start": summary["accuracy_start"], "accuracy_end": summary["accuracy_end"],
+            "staleness_histogram": summary["staleness_histogram"],
+            "importance_weight_mean": statistics.fmean(weights) if weights else None,
+            "importance_weight_clipped": statistics.fmean(clipped) if clipped else None,
+            "samples_per_s": summary["samples_per_s"], "leases": summary.get("leases", {}),
+            "migrations": len(summary.get("migrations", [])), "wall_s": round(time.time() - start, 1)}
+
+
+# ---- report --------------------------------------------------------------------------------------
+def results_dir(steps: int) -> Path:
+    return HERE / "results" / f"steps{steps}"
+
+
+def load_results(steps: int) -> dict:
+    results: dict = {}
+    for path in sorted(results_dir(steps).glob("*.json")):
+        row = json.loads(path.read_text())
+        results.setdefault(row["arm"], []).append(row)
+    return results
+
+
+def spread(values: list) -> str:
+    values = [100 * v for v in values]
+    mean = statistics.fmean(values)
+    return f"{mean:.1f} [{min(values):.1f}, {max(values):.1f}]" if len(values) > 1 else f"{mean:.1f}"
+
+
+def eta_of(arm: str) -> str:
+    return arm.split("eta")[1].split("-")[0] if "eta" in arm else "-"
+
+
+def report(results: dict) -> str:
+    if not results:
+        return "no results yet"
+    sync = [r["accuracy_end"] for r in results.get("sync", [])]
+    sync_mean = statistics.fmean(sync) if sync else None
+    lines = ["| arm | eta | seeds | held-out accuracy at start | at end, mean [min, max] | gain (points) | "
+             "end - sync mean (points) | sync's seed spread (points) | staleness histogram (samples) | "
+             "importance weight mean | clipped share | samples/s |", "|" + "---|" * 12]
+    sync_spread = f"{100 * (max(sync) - min(sync)):.1f}" if len(sync) > 1 else "-"
+    for arm in ARMS:
+        rows = results.get(arm)
+        if not rows:
+            continue
+        ends = [r["accuracy_end"] for r in rows]
+        gains = [r["accuracy_end"] - r["accuracy_start"] for r in rows]
+        gap = f"{100 * (statistics.fmean(ends) - sync_mean):+.1f}" if sync_mean is not None else "-"
+        histogram: dict = {}
+        for r in rows:
+            for k, v in r["staleness_histogram"].items():
+                histogram[k] = histogram.get(k, 0) + v
+        total = sum(histogram.values())
+        shown = ", ".join(f"{k}: {v / total:.0%}" for k, v in sorted(histogram.items(), key=lambda kv: int(kv[0])))
+        weight = [r["importance_weight_mean"] for r in rows if r["importance_weight_mean"] is not None]
+        cut = [r["importance_weight_clipped"] for r in rows if r["importance_weight_clipped"] is not None]
+        lines.append(f"| {arm} | {eta_of(arm)} | {len(rows)} | {spread([r['accuracy_start'] for r in rows])} | "
+                     f"{spread(ends)} | {statistics.fmean(gains) * 100:+.1f} | {gap} | {sync_spread} | {shown} | "
+                     f"{statistics.fmean(weight):.3f} | {statistics.fmean(cut):.2%} | "
+                     f"{statistics.fmean(r['samples_per_s'] for r in rows):.0f} |" if weight and cut else
+                     f"| {arm} | {eta_of(arm)} | {len(rows)} | - | {spread(ends)} | - | {gap} | {sync_spread} | "
+                     f"{shown} | - | - | - |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    etas = [e for e in ETAS if any(a in results for a in (f"bidirl-eta{e}", f"async-eta{e}"))] or [0]
+    fig, axes = plt.subplots(1, len(etas), figsize=(4.5 * len(etas), 3.6), sharey=True, squeeze=False)
+    for ax, eta in zip(axes[0], etas):
+        arms = ["sync", f"async-eta{eta}", f"bidirl-eta{eta}"] + (["async-eta4-naive"] if eta == 4 else [])
+        for arm in arms:
+            rows = results.get(arm)
+            if not rows:
+                continue
+            xs = [x for x, _ in rows[0]["curve"]]
+            curves = [[100 * y for _, y in r["curve"]] for r in rows if len(r["curve"]) == len(xs)]
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(len(xs))]
+            line, = ax.plot([x / 1000 for x in xs], mean, marker="o", ms=3, label=f"{arm} ({len(curves)} seeds)")
+            if len(curves) > 1:
+                ax.fill_between([x / 1000 for x in xs], [min(c[i] for c in curves) for i in range(len(xs))],
+                                [max(c[i] for c in curves) for i in range(len(xs))], color=line.get_color(), alpha=0.2)
+        ax.set_title(f"eta = {eta}")
+        ax.set_xlabel("samples trained (thousands)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("held-out greedy accuracy (%)")
+    fig.suptitle("Mean over seeds, band = min-max", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_report(steps: int) -> None:
+    results = load_results(steps)
+    table = report(results)
+    (HERE / f"results-steps{steps}.md").write_text(table + "\n")
+    if results:
+        plot(results, HERE / "figures" / f"curves-steps{steps}.png")
+    print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run (the CPU default's 200)")
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--report", action="store_true", help="only rebuild results.md and the plot")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown arm {unknown[0]!r} (known: {', '.join(ARMS)})")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
+    if not args.report:
+        results_dir(args.steps).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            for seed in seeds:  # seed-major: a partial study still has every arm at some seeds
+                for arm in arms:
+                    target = results_dir(args.steps) / f"{arm}-seed{seed}.json"
+                    if target.exists():
+                        continue
+                    print(f"{arm} seed {seed} ...", flush=True)
+                    row = run_arm(arm, seed, args.steps, args.eval_every, Path(scratch))
+                    target.write_text(json.dumps(row, indent=1) + "\n")
+                    print(f"  accuracy {row['accuracy_start']:.3f} -> {row['accuracy_end']:.3f}, "
+                          f"{row['samples_per_s']:.0f} samples/s, {row['wall_s']:.0f} s", flush=True)
+    write_report(args.steps)
+
+
+if __name__ == "__main__":
+    main()
