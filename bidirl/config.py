@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,9 @@ class LaunchConfig:
     # a device lent to a train step that has not finished its micro-batch after this long loses its lease
     # and its gradients (0: ten times the slowest micro-batch measured so far in the run, at least 10 s)
     lease_timeout_s: float = 0.0
+    # several nodes (cluster.nnodes > 1): node 0's host:port, where every node's torchrun meets (static
+    # rendezvous; node 0 also runs the controller). ``bidirl launch --rdzv-endpoint`` overrides it
+    rdzv_endpoint: str = ""
 
 
 @dataclass
@@ -372,6 +376,11 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     if k > 1 and cfg.sim.profile:
         raise ConfigError(f"{source}: cluster.instance_devices={k} needs the analytic model: a profile (sim.profile) "
                           "measures one-device instances")
+    endpoint = cfg.launch.rdzv_endpoint
+    if endpoint and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", endpoint):
+        raise ConfigError(f"{source}: key 'launch.rdzv_endpoint' must be host:port (node 0's address); got {endpoint!r}")
+    if cfg.cluster.nnodes < 1:
+        raise ConfigError(f"{source}: key 'cluster.nnodes' must be at least 1")
     if cfg.launch.lease_timeout_s < 0:
         raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")
     if cfg.cluster.replan_every < 0:

@@ -16,6 +16,12 @@ class BidirlError(Exception):
     exit_code = 2
 
 
+class RunFailed(BidirlError):
+    """A run that started and then failed (a crashed rank, a lost peer): not bad input, exit code 1."""
+
+    exit_code = 1
+
+
 class ConfigError(BidirlError):
     """The pipeline YAML or a ``key=value`` override is invalid."""
 

@@ -8,12 +8,13 @@ pipeline naming a stage that is not built yet fails at once with one line instea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 from bidirl.config import PipelineConfig
-from bidirl.errors import BidirlError, NotBuiltYet
+from bidirl.errors import BidirlError, NotBuiltYet, RunFailed
 from bidirl.rundir import RunDir
 from bidirl.runtime_env import prepare_process
 from bidirl.ui import say
@@ -22,7 +23,6 @@ State = Dict[str, Any]
 
 # Stages later issues build; a pipeline naming one fails before doing any work.
 NOT_BUILT = {
-    "launch": "the multi-process runtime as a stage; run `bidirl launch PIPELINE` instead",
     "compare": "baseline comparison",
 }
 
@@ -127,6 +127,30 @@ def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
                                 "predicted_samples_per_s": result.predicted_samples_per_s, "reason": result.reason}
 
 
+def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    """The hot-switch runtime through torchrun, as ``bidirl launch`` runs it, writing into ``launch/`` of
+    this run directory; at the plan stage's split if there was one (else the planner's, from
+    ``sim.profile``, or the policy's default)."""
+    import json
+
+    from bidirl.config import load_config, to_yaml
+    from bidirl.planner import live_partition, live_prior
+    from bidirl.runtime.launch import launch, topology_of
+
+    resolved = run.path / "launch.yaml"  # what every rank loads: the config as the stages before left it
+    resolved.write_text(to_yaml(cfg))
+    chosen = live_partition(cfg)
+    cfg = load_config(resolved, chosen)
+    out = run.path / "launch"
+    code = launch(str(resolved), chosen, cfg, topology_of(cfg), prior=live_prior(cfg), run_path=str(out))
+    if code:
+        raise RunFailed(f"launch: the runtime exited with code {code} (its output is above; its files: {out})")
+    summary = json.loads((out / "summary.json").read_text())
+    keep = ("policy", "devices", "homes", "eta", "steps", "samples_per_s", "idle_ratio", "switches", "leases",
+            "staleness_histogram", "accuracy_start", "accuracy_end", "gantt", "learning_curve")
+    state["summary"]["launch"] = {"dir": str(out), **{k: summary[k] for k in keep if k in summary}}
+
+
 STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
     "profile": stage_profile,
     "plan": stage_plan,
@@ -134,6 +158,7 @@ STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
     "prepare_model": stage_prepare_model,
     "evaluate": stage_evaluate,
     "train": stage_train,
+    "launch": stage_launch,
 }
 
 
@@ -160,6 +185,56 @@ def preflight(cfg: PipelineConfig) -> None:
         from bidirl.planner import preflight as plan_preflight
 
         plan_preflight(cfg, cfg.launch.mode)
+
+
+def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
+    """What ``bidirl run`` would do, started nothing: the pipeline is validated (every check a stage makes
+    before its output exists), the partition planned -- from the analytic model of ``sim.hardware`` on
+    accelerators, from ``sim.profile`` where given -- and the torchrun command of every node printed.
+    Writes nothing and downloads nothing."""
+    from bidirl.planner import live_device_budget
+
+    show = functools.partial(print, flush=True)  # stdout, unwrapped: the commands are meant to be copied
+    check_stages_built(cfg)
+    preflight(cfg)
+    show(f"pipeline {cfg.name}: stages {' -> '.join(cfg.stages)}; {cfg.cluster.devices} {cfg.cluster.device_type} "
+         f"device{'s' if cfg.cluster.devices > 1 else ''}, policy {cfg.launch.mode}, model {cfg.model.source}")
+    budget = live_device_budget(cfg)
+    if budget is not None:
+        show("memory per device (both engines resident):\n" + budget.table())
+    if "simulate" in cfg.stages:
+        show(f"simulate: {cfg.cluster.devices} simulated {cfg.sim.hardware} with sim.model={cfg.sim.model}, "
+             f"policies {', '.join(cfg.sim.policies)}")
+    if "launch" in cfg.stages or "plan" in cfg.stages:
+        plan_and_commands(cfg, cfg_path, overrides, show)
+    else:
+        show("no plan or launch stage: nothing to plan, nothing started through torchrun")
+    show("dry run: nothing was started, written or downloaded")
+
+
+def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], show: Callable[..., None]) -> None:
+    """The dry run's plan (where one is needed) and every node's torchrun command (with a launch stage)."""
+    from bidirl.planner import describe_model, needs_planning, plan, print_plan, with_instances
+    from bidirl.runtime.launch import check_plan, torchrun_command, topology_of
+
+    chosen = list(overrides)
+    if not cfg.cluster.instance_devices:  # the live engines run one device each
+        cfg, chosen = with_instances(cfg, 1), [*chosen, "cluster.instance_devices=1"]
+    if needs_planning(cfg, cfg.launch.mode):
+        if cfg.cluster.device_type == "cpu" and not cfg.sim.profile:
+            show("CPU devices and no sim.profile: the profile stage measures them at run time and the plan "
+                 "stage plans on that; without one, launch uses the policy's default split")
+        else:
+            result = plan(cfg, driver=cfg.live_driver())
+            print_plan(result)
+            show(f"planned on {describe_model(cfg)}: cluster.rollout_devices={result.rollout_devices}")
+            chosen.append(f"cluster.rollout_devices={result.rollout_devices}")
+    if "launch" in cfg.stages:
+        check_plan(cfg)
+        topology = topology_of(cfg)
+        for node in range(topology.nnodes):
+            command = torchrun_command(cfg_path, chosen, cfg, dataclasses.replace(topology, node_rank=node))
+            show(f"node {node}: torchrun " + " ".join(command[3:]))
 
 
 def run_pipeline(cfg: PipelineConfig) -> RunDir:

@@ -144,19 +144,21 @@ def memory_advice(perf: Any, train_devices: int, longest_sequence: int, instance
 def live_device_budget(cfg: PipelineConfig) -> Optional[DeviceBudget]:
     """:func:`~bidirl.models.footprint.device_budget` of a pipeline meant for the live runtime on accelerators
     (``cluster.device_type: cuda``), when its model's size can be counted without a download (the tiny
-    model, a local folder, a hub id already in the local cache); None otherwise (``bidirl launch``
-    checks again once the model is prepared)."""
+    model, a local folder, a hub id already in the local cache, else the ``sim.model`` preset that stands
+    for it); None otherwise (``bidirl launch`` checks again once the model is prepared)."""
     if cfg.cluster.device_type != "cuda":
         return None
     from bidirl.models.footprint import device_budget, model_spec_of
+
+    from bidirl.perf.analytic import MODELS
 
     source = cfg.model.source
     if source != "tiny" and not Path(source).expanduser().exists():  # a hub id: its cached config, no download
         from huggingface_hub import try_to_load_from_cache
 
         source = try_to_load_from_cache(source, "config.json")
-        if not isinstance(source, str):
-            return None
+        if not isinstance(source, str):  # not downloaded: the preset it names for the planner, if any
+            return device_budget(cfg, MODELS[cfg.sim.model]) if cfg.sim.model in MODELS else None
     return device_budget(cfg, model_spec_of(cfg, "pipeline" if source == "tiny" else source))
 
 

@@ -48,11 +48,17 @@ def _config(pipeline: Path, overrides: Optional[List[str]]):
 
 
 @app.command()
-def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES, debug: bool = DEBUG) -> None:
-    """Run a pipeline's stages in order (prepare_model -> evaluate -> ... ) into one run directory."""
-    from bidirl.pipeline import run_pipeline
+def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
+        dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the plan and the torchrun command "
+                                     "of every node; start, write and download nothing."),
+        debug: bool = DEBUG) -> None:
+    """Run a pipeline's stages in order (prepare_model -> profile -> plan -> launch ...) into one run directory."""
+    from bidirl.pipeline import dry_run as check, run_pipeline
 
-    _guard(lambda: run_pipeline(_config(pipeline, overrides)), debug)
+    if dry_run:
+        _guard(lambda: check(_config(pipeline, overrides), str(pipeline), list(overrides or [])), debug)
+    else:
+        _guard(lambda: run_pipeline(_config(pipeline, overrides)), debug)
 
 
 @app.command("prepare-model")
@@ -89,15 +95,16 @@ def evaluate(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRID
 def launch(
     pipeline: Path = PIPELINE,
     overrides: Optional[List[str]] = OVERRIDES,
-    nnodes: int = typer.Option(1, "--nnodes", help="Number of nodes (torchrun --nnodes)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (default: cluster.nnodes)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (multi-node only)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
                                                  help="Processes on this node (default: its share of cluster.devices, + 1 for the controller on node 0)."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="host:port of the rendezvous (multi-node)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                help="host:port of node 0 (default: launch.rdzv_endpoint)."),
     debug: bool = DEBUG,
 ) -> None:
     """Start the hot-switch runtime through torchrun: a controller plus cluster.devices device workers."""
-    from bidirl.runtime.launch import Topology, launch as start
+    from bidirl.runtime.launch import launch as start, topology_of
 
     def action() -> None:
         from bidirl.planner import live_partition, live_prior
@@ -105,8 +112,8 @@ def launch(
         chosen = list(overrides or [])
         chosen += live_partition(_config(pipeline, chosen))  # cluster.rollout_devices=0: the planner's split
         cfg = _config(pipeline, chosen)
-        code = start(str(pipeline), chosen, cfg, Topology(nnodes, node_rank, nproc_per_node, rdzv_endpoint),
-                     prior=live_prior(cfg))
+        topology = topology_of(cfg, nnodes, node_rank, nproc_per_node, rdzv_endpoint)
+        code = start(str(pipeline), chosen, cfg, topology, prior=live_prior(cfg))
         if code:
             raise typer.Exit(code)
 

@@ -60,8 +60,8 @@ def test_malformed_yaml_is_one_line_with_its_line_number(write_yaml):
 
 
 def test_pipeline_with_an_unbuilt_stage_fails_before_writing_a_run_directory(tmp_path):
-    result = bidirl("run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", f"output_dir={tmp_path}")
-    assert_one_line_error(result, "stage 'launch'", code=3)
+    result = bidirl("run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,compare]", f"output_dir={tmp_path}")
+    assert_one_line_error(result, "stage 'compare'", code=3)
     assert not any(tmp_path.iterdir())
 
 
@@ -109,3 +109,56 @@ def test_wandb_online_without_an_api_key_is_one_line_and_leaves_no_run_directory
                             capture_output=True, text=True, env={**env_free, "HOME": str(tmp_path)}, timeout=600)
     assert_one_line_error(result, "logging.wandb_mode=online")
     assert not any(tmp_path.glob("cpu-tiny-*"))
+
+
+PIPELINES = sorted(str(p.relative_to(Path(__file__).resolve().parents[1]))
+                   for p in (Path(__file__).resolve().parents[1] / "pipelines").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_dry_run_of_every_shipped_pipeline_validates_it_and_writes_nothing(pipeline, tmp_path):
+    result = bidirl("run", pipeline, "--dry-run", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+                    cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert "dry run: nothing was started, written or downloaded" in result.stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_gsm8k_dry_run_plans_on_the_analytic_h100_model_and_prints_each_nodes_torchrun_command(tmp_path):
+    result = bidirl("run", "pipelines/gsm8k.yaml", "--dry-run", "launch.rdzv_endpoint=10.1.2.3:29500",
+                    f"output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "planned on analytic H100 1.5B: cluster.rollout_devices=" in out
+    assert "total" in out and "GB of 80 GB" in out  # the per-device memory budget, both engines resident
+    nodes = [line for line in out.splitlines() if line.startswith("node ")]
+    assert len(nodes) == 2
+    assert "--nproc-per-node=9" in nodes[0] and "--node-rank=0" in nodes[0]  # node 0 also runs the controller
+    assert "--nproc-per-node=8" in nodes[1] and "--node-rank=1" in nodes[1]
+    assert all("--master-addr=10.1.2.3" in n and "--master-port=29500" in n for n in nodes)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_dry_run_with_an_impossible_setting_is_one_line(tmp_path):
+    assert_one_line_error(bidirl("run", "pipelines/gsm8k.yaml", "--dry-run", "train.micro_batch_size=256",
+                                 "train.gradient_checkpointing=false"), "does not fit")
+    assert_one_line_error(bidirl("run", "pipelines/gsm8k.yaml", "--dry-run", "launch.rdzv_endpoint=nowhere"),
+                          "launch.rdzv_endpoint", "host:port")
+    assert_one_line_error(bidirl("run", "pipelines/cpu-tiny.yaml", "--dry-run", "stages=[launch]", "cluster.nnodes=2",
+                                 "cluster.devices=4", "launch.mode=async"), "rendezvous", "launch.rdzv_endpoint")
+
+
+def test_the_launch_stage_runs_the_runtime_inside_the_pipelines_run_directory(tmp_path):
+    small = [t for t in TINY if not t.startswith("logging.wandb")] + [
+        "logging.wandb_mode=disabled", "train.lr=1e-3", "train.prompts_per_step=8", "launch.chunk_groups=4",
+        "train.steps=3", "logging.eval_every=3", "launch.collective_timeout_s=120"]
+    result = bidirl("run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", "cluster.devices=2",
+                    "launch.mode=async", "algorithm.staleness=1", f"output_dir={tmp_path}/runs",
+                    f"model.cache_dir={tmp_path}/cache", *small)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()  # one run directory, the runtime's files inside it
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["launch"]["steps"] == 3 and summary["launch"]["policy"] == "async"
+    for name in ("config.yaml", "launch.yaml", "launch/metrics.jsonl", "launch/trace.jsonl", "launch/gantt.png",
+                 "launch/summary.json"):
+        assert (run / name).is_file(), name

@@ -84,7 +84,7 @@ def test_a_missing_local_model_path_is_named(tmp_path):
 
 # ---- sizes counted from a config, nothing allocated ------------------------------------------------
 
-@pytest.mark.parametrize("preset", ["7B", "8B", "14B", "32B"])
+@pytest.mark.parametrize("preset", ["1.5B", "7B", "8B", "14B", "32B"])
 def test_the_analytic_presets_are_the_sizes_counted_from_their_published_architectures(preset):
     from bidirl.models.footprint import config_from_fields, count_model
     from bidirl.perf.analytic import ARCHITECTURES, MODELS
@@ -127,7 +127,7 @@ def test_the_planner_checks_memory_with_the_counted_size_of_the_pipelines_model(
 
 
 @pytest.mark.parametrize("value,message", [
-    ("7b", "key 'sim.model' must be one of 7B"),
+    ("7b", "key 'sim.model' must be one of 1.5B, 7B"),
 ])
 def test_an_unknown_model_size_is_one_line_naming_the_key(value, message):
     with pytest.raises(BidirlError, match=message):

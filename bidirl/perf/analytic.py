@@ -98,6 +98,8 @@ HARDWARE: Dict[str, Hardware] = {
 # from them by bidirl.models.footprint (empty weights: parameters once each, KV bytes from the attention
 # shape); tests/test_models.py recounts them. Any other model: ``sim.model`` names its config.
 ARCHITECTURES: Dict[str, Dict[str, object]] = {
+    "1.5B": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,  # Qwen2.5-1.5B
+                 num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
     "7B": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,  # Qwen2.5-7B
                num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
     "8B": dict(model_type="qwen3", hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,  # Qwen3-8B
@@ -109,6 +111,7 @@ ARCHITECTURES: Dict[str, Dict[str, object]] = {
                 num_key_value_heads=8, intermediate_size=27648, vocab_size=152064, tie_word_embeddings=False),
 }
 MODELS: Dict[str, ModelSpec] = {
+    "1.5B": ModelSpec("1.5B", 1.5437e9, 28672, 512, 28, 1536, 8960, 151936),
     "7B": ModelSpec("7B", 7.6156e9, 57344, 512, 28, 3584, 18944, 152064),
     "8B": ModelSpec("8B", 8.1907e9, 147456, 512, 36, 4096, 12288, 151936),
     "14B": ModelSpec("14B", 14.770e9, 196608, 512, 48, 5120, 13824, 152064),

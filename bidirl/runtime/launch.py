@@ -24,6 +24,7 @@ from bidirl.sched.estimates import Estimates
 if TYPE_CHECKING:
     from bidirl.perf.memory import DeviceBudget
 
+RUN_PATH_VARIABLE = "BIDIRL_RUN_PATH"  # where the controller writes the run (else a new run directory)
 PRIOR_VARIABLE = "BIDIRL_PRIOR_ESTIMATES"  # the controller's starting estimates, as JSON (see prior_from_environment)
 
 
@@ -33,6 +34,20 @@ class Topology:
     node_rank: int = 0
     nproc_per_node: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
+
+
+def topology_of(cfg: PipelineConfig, nnodes: Optional[int] = None, node_rank: int = 0,
+                nproc_per_node: Optional[int] = None, rdzv_endpoint: Optional[str] = None) -> Topology:
+    """The torchrun topology: the command line's options where given, else the pipeline's
+    (``cluster.nnodes``, ``launch.rdzv_endpoint``)."""
+    nodes = nnodes or cfg.cluster.nnodes
+    endpoint = rdzv_endpoint or cfg.launch.rdzv_endpoint or None
+    if nodes > 1 and not endpoint:
+        raise BidirlError(f"{nodes} nodes need a rendezvous address: set launch.rdzv_endpoint=HOST:PORT (node 0) "
+                          "or pass --rdzv-endpoint")
+    if not 0 <= node_rank < nodes:
+        raise BidirlError(f"--node-rank {node_rank}: must be between 0 and {nodes - 1} (--nnodes {nodes})")
+    return Topology(nodes, node_rank, nproc_per_node, endpoint)
 
 
 def processes_on_node(cfg: PipelineConfig, topo: Topology) -> int:
@@ -111,9 +126,11 @@ def check_gpus(cfg: PipelineConfig, topo: Topology) -> None:
 
 
 def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology,
-           prior: Tuple[Optional[Estimates], str] = (None, "none")) -> int:
+           prior: Tuple[Optional[Estimates], str] = (None, "none"), run_path: Optional[str] = None) -> int:
     """Starts torchrun and waits for it. ``prior``: the cost estimates the controller starts from and
-    where they come from (the planner's :func:`~bidirl.planner.live_prior`)."""
+    where they come from (the planner's :func:`~bidirl.planner.live_prior`). ``run_path``: the folder
+    the controller writes the run into (the ``launch`` stage's, inside a pipeline's run directory);
+    default a new run directory under ``output_dir``."""
     from bidirl.models.sources import prepare_model
     from bidirl.runtime_env import prepare_process
     from bidirl.ui import say
@@ -128,6 +145,8 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     env = {**os.environ, "BIDIRL_MODEL_PATH": model.path}
     env.setdefault("OMP_NUM_THREADS", "1")
     env[PRIOR_VARIABLE] = encode_prior(prior)
+    if run_path:
+        env[RUN_PATH_VARIABLE] = run_path
     command = torchrun_command(cfg_path, overrides, cfg, topo)
     say("launching: " + " ".join(command[1:]))
     return subprocess.call(command, env=env)

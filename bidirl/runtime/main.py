@@ -70,7 +70,9 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose) -> int:
     from bidirl.runtime.launch import prior_from_environment
     from bidirl.ui import say
 
-    run = RunDir(cfg)
+    from bidirl.runtime.launch import RUN_PATH_VARIABLE
+
+    run = RunDir(cfg, path=os.environ.get(RUN_PATH_VARIABLE) or None)
     say(f"run directory: {run.path}")
     try:
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
