@@ -6,7 +6,12 @@ STAMP   := .venv/.installed
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo test test-slow bench clean
+.PHONY: help install venv demo test test-slow bench sim compare lint clean
+
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP)  ## build .venv: torch (CPU wheel) first, then the pinned requirements and bidirl
 
 venv: $(STAMP)
 
@@ -23,20 +28,29 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
-demo: $(STAMP)
-	.venv/bin/bidirl run pipelines/cpu-tiny.yaml
+demo: $(STAMP)  ## the whole method on 2 CPU devices: profile, plan, bidirl, compare (~10 min)
+	.venv/bin/bidirl run pipelines/cpu-demo.yaml
 
-test: $(STAMP)
+test: $(STAMP)  ## the test suite, slow checks excluded (~15 min on 2 cores)
 	.venv/bin/pytest -q -m "not slow"
 
-test-slow: $(STAMP)
+test-slow: $(STAMP)  ## the slow checks only
 	.venv/bin/pytest -q -m slow
 
-bench: $(STAMP)
+bench: $(STAMP)  ## slow checks + simulator validation and speed + planner speed
 	.venv/bin/pytest -q -m slow
 	$(PY) experiments/sim_validation/validate.py
 	$(PY) experiments/sim_validation/speed.py
 	$(PY) experiments/planner/quality.py --speed
 
-clean:
+sim: $(STAMP)  ## the simulated 32-GPU comparison of every policy
+	.venv/bin/bidirl simulate pipelines/sim-32gpu.yaml
+
+compare: $(STAMP)  ## bidirl against verl-, areal- and roll-style policies, live on 2 CPU devices
+	.venv/bin/bidirl compare --baselines verl,areal,roll
+
+lint: $(STAMP)  ## ruff (configured in pyproject.toml)
+	.venv/bin/ruff check bidirl cli tests experiments
+
+clean:  ## remove .venv, runs/ and the model cache
 	rm -rf .venv runs .cache

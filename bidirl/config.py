@@ -31,7 +31,7 @@ from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
 from bidirl.perf.workload import PRESETS as WORKLOADS
 from bidirl.sched.assembly import LIVE, DriverCapabilities, RunShape
-from bidirl.sched.policy import policy_names
+from bidirl.sched.policy import baseline_names, policy_names
 
 STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
 
@@ -203,6 +203,14 @@ class SimConfig:
 
 
 @dataclass
+class CompareConfig:
+    """``bidirl compare`` and the ``compare`` stage: bidirl against these baselines (names from
+    ``bidirl.sched.policy.baseline_names``), each at its own best split, on the same data and seeds."""
+
+    baselines: List[str] = field(default_factory=lambda: ["verl", "areal", "roll"])
+
+
+@dataclass
 class PipelineConfig:
     name: str = "pipeline"
     stages: List[str] = field(default_factory=lambda: ["prepare_model", "evaluate"])
@@ -217,6 +225,7 @@ class PipelineConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
 
     def run_shape(self) -> RunShape:
         """The sizes the scheduler assembles a run from (:func:`bidirl.sched.assembly.assemble`)."""
@@ -356,6 +365,10 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     if model not in MODELS and model != "pipeline" and "/" not in model and not model.endswith(".json"):
         raise ConfigError(f"{source}: key 'sim.model' must be one of {', '.join(MODELS)}, 'pipeline' (the pipeline's "
                           f"own model.source), a model folder or config.json, or a hub id (org/name); got {model!r}")
+    for name in cfg.compare.baselines:
+        if name not in baseline_names():
+            raise ConfigError(f"{source}: unknown baseline '{name}' in 'compare.baselines' (known: "
+                              f"{', '.join(baseline_names())})")
     for policy in cfg.sim.policies:
         if policy not in policy_names():
             raise ConfigError(f"{source}: unknown policy '{policy}' in 'sim.policies' (known: {', '.join(policy_names())})")

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-from bidirl.config import PipelineConfig
+from bidirl.config import PipelineConfig, to_yaml
 from bidirl.errors import BidirlError, NotBuiltYet, RunFailed
+from bidirl.report import write_report
 from bidirl.rundir import RunDir
 from bidirl.runtime_env import prepare_process
 from bidirl.ui import say
@@ -22,9 +23,7 @@ from bidirl.ui import say
 State = Dict[str, Any]
 
 # Stages later issues build; a pipeline naming one fails before doing any work.
-NOT_BUILT = {
-    "compare": "baseline comparison",
-}
+NOT_BUILT: Dict[str, str] = {}
 
 
 def stage_prepare_model(cfg: PipelineConfig, run: RunDir, state: State) -> None:
@@ -133,7 +132,7 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     ``sim.profile``, or the policy's default)."""
     import json
 
-    from bidirl.config import load_config, to_yaml
+    from bidirl.config import load_config
     from bidirl.planner import live_partition, live_prior
     from bidirl.runtime.launch import launch, topology_of
 
@@ -151,6 +150,19 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     state["summary"]["launch"] = {"dir": str(out), **{k: summary[k] for k in keep if k in summary}}
 
 
+def stage_compare(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    """bidirl against ``compare.baselines`` (:mod:`bidirl.compare`), reusing the launch stage's run of
+    bidirl where there was one; the table, plots and each run's folder go into this run directory."""
+    from bidirl.compare import compare
+
+    resolved = run.path / "compare.yaml"  # the config as the stages before left it (the profile, say)
+    resolved.write_text(to_yaml(cfg))
+    done = {cfg.launch.mode: state["summary"]["launch"]["dir"]} if "launch" in state["summary"] else {}
+    rows = compare(cfg, str(resolved), [], list(cfg.compare.baselines), run.path, done)
+    state["summary"]["compare"] = {r.name: {"samples_per_s": r.samples_per_s, "where": r.where, "split": r.split,
+                                            "accuracy_end": r.accuracy_end} for r in rows}
+
+
 STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
     "profile": stage_profile,
     "plan": stage_plan,
@@ -159,6 +171,7 @@ STAGES: Dict[str, Callable[[PipelineConfig, RunDir, State], None]] = {
     "evaluate": stage_evaluate,
     "train": stage_train,
     "launch": stage_launch,
+    "compare": stage_compare,
 }
 
 
@@ -185,6 +198,10 @@ def preflight(cfg: PipelineConfig) -> None:
         from bidirl.planner import preflight as plan_preflight
 
         plan_preflight(cfg, cfg.launch.mode)
+    if "compare" in cfg.stages:
+        from bidirl.compare import preflight as compare_preflight
+
+        compare_preflight(cfg, list(cfg.compare.baselines))
 
 
 def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
@@ -207,6 +224,11 @@ def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
              f"policies {', '.join(cfg.sim.policies)}")
     if "launch" in cfg.stages or "plan" in cfg.stages:
         plan_and_commands(cfg, cfg_path, overrides, show)
+    if "compare" in cfg.stages:
+        from bidirl.compare import is_here
+
+        show(f"compare: bidirl against {', '.join(cfg.compare.baselines)}, "
+             f"{'live on these devices' if is_here(cfg) else 'simulated (the cluster is not this machine)'}")
     else:
         show("no plan or launch stage: nothing to plan, nothing started through torchrun")
     show("dry run: nothing was started, written or downloaded")
@@ -251,4 +273,5 @@ def run_pipeline(cfg: PipelineConfig) -> RunDir:
         run.finish({**state["summary"], "status": "failed"})
         raise
     run.finish({**state["summary"], "status": "ok"})
+    say(f"report: {write_report(run.path)} (and report.html)")
     return run

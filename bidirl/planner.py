@@ -12,7 +12,8 @@ samples): a horizon in samples rather than steps, because a candidate's cost is 
 and a small batch of long responses needs more steps before its tails settle the ranking (12 steps of
 128 reasoning prompts ranked 24/8 first where 60 steps over three seeds rank 27/5 first). First a
 coarse grid of about ``GRID`` evenly spaced splits plus the analytic balance point of the estimated
-stage times (``balanced_split``); then a bisection inside the bracket one grid step either side of the best grid point (throughput against split rises to one plateau and falls: each
+stage times (``balanced_split``); then a bisection inside the bracket one grid step either side of
+the best grid point (throughput against split rises to one plateau and falls: each
 round simulates the midpoints on either side of the best so far and halves the bracket). Among
 splits within ``TIE`` of the best score the one closest to the balance point wins: its residual
 imbalance is the smallest in whole devices, which is what borrowed devices absorb.

@@ -326,7 +326,8 @@ def context_window(model_path: str) -> int:
     """Tokens the model can attend over (its config's ``max_position_embeddings``; 32k if it names none)."""
     import json
 
-    config = json.loads((Path(model_path) / "config.json").read_text()) if (Path(model_path) / "config.json").is_file() else {}
+    config = (json.loads((Path(model_path) / "config.json").read_text())
+              if (Path(model_path) / "config.json").is_file() else {})
     return int(config.get("max_position_embeddings") or 32768)
 
 

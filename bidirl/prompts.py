@@ -1,7 +1,8 @@
 """How a problem becomes a prompt, and what a correct completion looks like.
 
 * ``plain``: ``Question: <q>\\nAnswer:`` -- the completion is `` <answer>`` then EOS. Optional few-shot
-  examples (``data.few_shot``, the first training problems) precede it in the same form. The project-built tiny model is trained on exactly this form.
+  examples (``data.few_shot``, the first training problems) precede it in the same form. The project-built
+  tiny model is trained on exactly this form.
 * ``compact``: ``<q> =`` -- half the prompt tokens of ``plain``. Training cost on CPU grows with prompt
   length (every sample repeats its prompt), so short prompts buy more RL steps per minute.
 * ``chat``: the tokenizer's chat template around the question plus an instruction to end with

@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 
 import typer
 
-from bidirl.errors import BidirlError, NotBuiltYet
+from bidirl.errors import BidirlError
 
 app = typer.Typer(
     help="bidirl: asynchronous, disaggregated RL post-training with bidirectional device borrowing.",
@@ -98,7 +98,8 @@ def launch(
     nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (default: cluster.nnodes)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This node's rank (multi-node only)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node",
-                                                 help="Processes on this node (default: its share of cluster.devices, + 1 for the controller on node 0)."),
+                                                 help="Processes on this node (default: its share of cluster.devices, "
+                                                      "+ 1 for the controller on node 0)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                 help="host:port of node 0 (default: launch.rdzv_endpoint)."),
     debug: bool = DEBUG,
@@ -192,21 +193,46 @@ def plan(
     _guard(action, debug)
 
 
-def _not_built(name: str, what: str) -> Callable[..., None]:
-    def fail() -> None:
-        raise NotBuiltYet(f"'bidirl {name}' ({what}) is not built yet")
-
-    def command(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES, debug: bool = DEBUG) -> None:
-        _guard(fail, debug)
-
-    command.__doc__ = f"{what[0].upper()}{what[1:]} (not built yet)."
-    return command
+DEFAULT_PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "cpu-demo.yaml"
 
 
-for _name, _what in [
-    ("compare", "compare bidirl with veRL, AReaL and ROLL baselines"),
-]:
-    app.command(_name)(_not_built(_name, _what))
+@app.command()
+def compare(
+    pipeline: Optional[Path] = typer.Argument(None, help="Pipeline YAML (default: pipelines/cpu-demo.yaml, the CPU "
+                                              "default, live on 2 CPU devices).", show_default=False),
+    overrides: Optional[List[str]] = OVERRIDES,
+    baselines: str = typer.Option("verl,areal,roll", "--baselines",
+                                  help="Comma-separated baselines (verl, areal, roll, streamrl, verl-dynamic, verl-async)."),
+    debug: bool = DEBUG,
+) -> None:
+    """bidirl against the baselines, each at its own best split: live where the pipeline's cluster is this
+    machine, simulated where it is not. Every baseline is a scheduling policy reproduced on bidirl's runtime."""
+
+    def action() -> None:
+        from bidirl.compare import compare as run_compare, parse_baselines, preflight
+        from bidirl.rundir import RunDir
+        from bidirl.runtime_env import prepare_process
+
+        names = parse_baselines(baselines)
+        path, extra = pipeline, list(overrides or [])
+        if path is not None and "=" in path.name and path.suffix not in (".yaml", ".yml"):  # overrides only
+            path, extra = None, [str(pipeline), *extra]
+        path = path or DEFAULT_PIPELINE
+        cfg = _config(path, extra)
+        prepare_process(cfg.cluster.device_type)
+        preflight(cfg, names)  # bad input fails here, before the run directory exists
+        run = RunDir(cfg)
+        try:
+            rows = run_compare(cfg, str(path), extra, names, run.path)
+        except BaseException:
+            run.finish({"status": "failed"})
+            raise
+        run.finish({"status": "ok", "stages": ["compare"], "compare": [r.name for r in rows]})
+        from bidirl.report import write_report
+
+        typer.echo(str(write_report(run.path)))
+
+    _guard(action, debug)
 
 
 def main() -> None:  # pragma: no cover - console-script entry used by `python -m cli.main`

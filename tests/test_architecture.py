@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # names a module and everything under it; "=name" names that module alone. The engines package's
 # __init__ is only a name registry (it imports nothing), so configuration may read it.
 LAYERS = [
-    ("pipeline", ["bidirl.pipeline", "bidirl.torchrun_main"]),
+    ("pipeline", ["bidirl.pipeline", "bidirl.torchrun_main", "bidirl.compare", "bidirl.report"]),
     ("planner | profiling", ["bidirl.planner", "bidirl.profiling"]),
     ("runtime | sim", ["bidirl.runtime", "bidirl.sim", "bidirl.rundir", "bidirl.plots"]),
     ("engines", ["bidirl.engines"]),
@@ -192,3 +192,13 @@ def test_a_new_runtime_command_is_one_dataclass_and_one_handler():
     worker.device, worker.mailbox = 3, type("Box", (), {"post": staticmethod(posted.append)})()
     assert worker.serve_one(Ping("abc")) is True
     assert posted[0].text == "cba" and posted[0].device == 3 and posted[0].seconds >= 0
+
+
+def test_the_code_passes_ruff_as_configured_in_pyproject():
+    import subprocess
+    import sys
+
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "bidirl", "cli", "tests", "experiments"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]

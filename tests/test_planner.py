@@ -337,8 +337,9 @@ TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_
 
 
 def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(tmp_path):
-    result = subprocess.run([BIDIRL, "profile", "pipelines/cpu-tiny.yaml", *TINY, "cluster.devices=2", f"output_dir={tmp_path}/runs",
-                             f"model.cache_dir={tmp_path}/cache"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([BIDIRL, "profile", "pipelines/cpu-tiny.yaml", *TINY, "cluster.devices=2",
+                             f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache"],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     assert (run / "profile.png").stat().st_size > 0

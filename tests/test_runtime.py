@@ -367,7 +367,10 @@ def test_a_streamed_step_updates_the_weights_exactly_as_the_whole_batch_step_doe
 
     stream = data().stream(0)  # the second chunk's groups arrive after the step has started
     items = stream.add([(chunks[0], 2)]) + stream.add([(chunks[1], 2)])
-    sizes = lambda parts: [len(item.samples) for item in parts]
+
+    def sizes(parts):
+        return [len(item.samples) for item in parts]
+
     assert all(item.total_tokens == 1 for item in items) and sizes(items) != sizes(batch.items)  # cut differently
     closed = stream.close()
     for item in items:

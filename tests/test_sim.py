@@ -114,7 +114,8 @@ def test_under_the_live_runtimes_constraints_a_tail_waiting_for_its_load_is_move
     cluster = live.cluster
     assert live.migrated_groups > 0 and max(cluster.staleness) <= 1
     assert all(cluster.devices[target].home.value == "train" for _, _, target, _, _ in cluster.migrations)
-    assert cluster.trained_groups == cluster.admitted == 12 * 64 and all(d.role is d.home and d.idle for d in cluster.devices)
+    assert cluster.trained_groups == cluster.admitted == 12 * 64 and all(d.role is d.home and d.idle
+                                                                         for d in cluster.devices)
     assert live.samples_per_s > simulate(cfg, "bidirl-nomigrate", rollout_devices=5, driver=LIVE).samples_per_s
 
 

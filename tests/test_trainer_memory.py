@@ -63,7 +63,8 @@ def test_a_bf16_model_trains_on_fp32_master_weights_so_updates_below_bf16_resolu
     moved = [(p.detach() - b) for p, b in zip(trainer.model.parameters(), before)]
     changed = sum(int((m != 0).sum()) for m in moved)
     # the update (~lr = 1e-6 per coordinate) is far below bf16's resolution at these weights (~1e-4 at 0.02) ...
-    lost_in_bf16 = sum(int((p.detach().bfloat16() == b.bfloat16()).sum()) for p, b in zip(trainer.model.parameters(), before))
+    lost_in_bf16 = sum(int((p.detach().bfloat16() == b.bfloat16()).sum())
+                       for p, b in zip(trainer.model.parameters(), before))
     assert lost_in_bf16 > 0.9 * sum(b.numel() for b in before)  # (weights near 0 resolve finer)
     # ... yet the fp32 master weights took it
     assert changed > 0.5 * sum(b.numel() for b in before)

@@ -48,7 +48,8 @@ class Workload:
     def _measured_group(self, z: float, size: int, mean: float) -> List[int]:
         """The measured group the draw ``z`` picks (its quantile), its lengths scaled so that the
         measured mean becomes ``mean`` and kept under the cap; G samples, cycling if the group is smaller."""
-        pick = self.empirical[min(len(self.empirical) - 1, int(0.5 * (1 + math.erf(z / math.sqrt(2))) * len(self.empirical)))]
+        pick = self.empirical[min(len(self.empirical) - 1,
+                                  int(0.5 * (1 + math.erf(z / math.sqrt(2))) * len(self.empirical)))]
         measured_mean = sum(map(sum, self.empirical)) / sum(map(len, self.empirical))
         scale = mean / measured_mean
         return [max(1, min(self.cap, round(pick[i % len(pick)] * scale))) for i in range(size)]

@@ -521,7 +521,9 @@ class Controller:
 
     def estimates_summary(self) -> Dict[str, Any]:
         """The cost estimates the policy started from and those it ended with (what the run measured)."""
-        rounded = lambda e: {k: round(v, 4) for k, v in dataclasses.asdict(e).items()}
+        def rounded(e):
+            return {k: round(v, 4) for k, v in dataclasses.asdict(e).items()}
+
         return {"prior_source": self.prior_source, "prior": rounded(self.prior) if self.prior else None,
                 "final": rounded(self.measured.current()), "measured": sorted(self.measured.seen)}
 

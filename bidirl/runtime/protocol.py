@@ -183,8 +183,9 @@ class Stop(Command):
     handler = "stop"
 
 
-COMMANDS: Tuple[type, ...] = (GenerateChunk, HandOverGroups, ContinueGroups, ComputeGrads, FinishStep, PublishWeights, ReceiveWeights, LoadWeights, SwitchRole,
-                              ChangeHome, ShareTrainState, EvaluateSnapshots, SaveCheckpoint, Stop)
+COMMANDS: Tuple[type, ...] = (GenerateChunk, HandOverGroups, ContinueGroups, ComputeGrads, FinishStep, PublishWeights,
+                              ReceiveWeights, LoadWeights, SwitchRole, ChangeHome, ShareTrainState, EvaluateSnapshots,
+                              SaveCheckpoint, Stop)
 
 # ---- replies (worker -> controller) ------------------------------------------------------------
 
@@ -281,7 +282,7 @@ class Stopped(Reply):
     pass
 
 
-REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsHandedOver, GradsComputed, StepDone, WeightsStaged, WeightsLoaded, RoleSwitched,
-                             TrainStateShared, Evaluated, CheckpointSaved, Stopped)
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsHandedOver, GradsComputed, StepDone, WeightsStaged, WeightsLoaded,
+                             RoleSwitched, TrainStateShared, Evaluated, CheckpointSaved, Stopped)
 
 Message = Any  # a Plan, a Command or a Reply

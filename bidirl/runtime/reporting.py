@@ -110,7 +110,8 @@ class RunReport:
                 out.write(json.dumps(record) + "\n")
         homes = {d.index: d.home.value for d in cluster.devices}
         switches = self.switch_figures(cluster.trace)
-        idle, breakdown = pool_idle_ratio(cluster.trace, cluster.now, homes), time_breakdown(cluster.trace, cluster.now, homes)
+        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, homes),
+                           time_breakdown(cluster.trace, cluster.now, homes))
         charge_stream_wait(idle, breakdown, self.stream_wait_s, cluster.now, sum(h == "train" for h in homes.values()))
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),

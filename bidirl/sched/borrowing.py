@@ -44,6 +44,7 @@ from bidirl.sched.roles import Device, DeviceState, Role
 
 class RollPolicy(AsyncPolicy):
     name = "roll"
+    style = "ROLL-style asynchronous, one batch share per rollout device"
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         share = -(-cluster.B // max(1, len(cluster.pool(Role.ROLLOUT))))  # one batch share per device
@@ -52,6 +53,7 @@ class RollPolicy(AsyncPolicy):
 
 class StreamRLPolicy(AsyncPolicy):
     name = "streamrl"
+    style = "StreamRL-style streamed generation on a balanced static split"
     needs_estimates = True
 
     def default_rollout_devices(self, devices: int) -> int:
@@ -64,6 +66,7 @@ class VerlDynamicPolicy(AsyncPolicy):
     """Rollout-on-TrainPool only."""
 
     name = "verl-dynamic"
+    style = "veRL dynamic scheduling: idle trainers generate (one direction)"
     needs_estimates = True
     migrates = True  # requests in flight move onto lent trainers
 

@@ -408,7 +408,8 @@ class Cluster:
         return parts
 
     def _migrate(self, action: ev.Migrate) -> None:
-        source, target, groups, version = self.devices[action.source], self.devices[action.device], action.groups, action.version
+        source, target, groups, version = (self.devices[action.source], self.devices[action.device],
+                                           action.groups, action.version)
         assert self.allows_migration, "this driver cannot move requests in flight"
         assert source.index != target.index and groups > 0
         assert self.inflight_by_version[source.index].get(version, 0) >= groups, \
@@ -562,7 +563,8 @@ class Cluster:
     def _lease_expired(self, event: ev.LeaseExpired) -> None:
         device = self.devices[event.device]
         assert self.training is not None and event.device in self.training_devices, "only a step's device expires"
-        assert device.lent and device.role is Role.TRAIN, "only a borrowed device's lease expires (home trainers hold replicas)"
+        assert device.lent and device.role is Role.TRAIN, \
+            "only a borrowed device's lease expires (home trainers hold replicas)"
         self.training_devices.remove(event.device)
         self.expired.add(event.device)
         self.expired_leases.append((self.now, event.device, self.version))

@@ -108,6 +108,7 @@ def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event
 
 class SyncPolicy(Policy):
     name, aliases = "sync", ("verl",)  # colocated synchronous (veRL hybrid engine)
+    style = "veRL-style colocated synchronous"
     synchronous = True  # on-policy by construction: eta is 0 whatever the config says
     repartitions = False  # colocated: no partition
 
@@ -137,6 +138,7 @@ class SyncPolicy(Policy):
 
 class AsyncPolicy(Policy):
     name, aliases = "async", ("areal",)  # fixed partition, staleness-bounded (AReaL)
+    style = "AReaL-style disaggregated asynchronous, staleness-bounded"
     target: Optional[int] = None  # rollout-pool size the replanner asked for (None: keep the partition)
 
     def decide(self, event: ev.Event, cluster: Cluster) -> List[ev.Action]:
@@ -183,6 +185,7 @@ class AsyncPolicy(Policy):
 
 class VerlAsyncPolicy(AsyncPolicy):
     name = "verl-async"  # veRL fully-async: streamed, count-only staleness, partial rollout
+    style = "veRL fully-async style: streamed, count-only staleness, partial rollout"
     deadlines = False
 
 

@@ -36,6 +36,9 @@ class Policy:
     # start a step's gradient work on the groups already done while those it must wait for generate (bidirl)
     streams_gradients: ClassVar[bool] = False
     migrates: ClassVar[bool] = False  # moves requests in flight (Migrate), where the driver can
+    # a baseline's honest label in comparisons: the published system whose scheduling it reproduces on
+    # bidirl's runtime (not inherited, see style_of: bidirl, its ablations and async-lend have none)
+    style: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -84,6 +87,24 @@ class Policy:
 
 def policy_names() -> Tuple[str, ...]:
     return tuple(POLICIES)
+
+
+def baseline_names() -> Tuple[str, ...]:
+    """The names ``bidirl compare --baselines`` takes: the published systems' names where a policy has one
+    as an alias (``verl``, ``areal``), else the policy's name; each names a policy with a ``style``."""
+    names = []
+    for name, cls in POLICIES.items():
+        if style_of(name) and name not in names:
+            aliases = cls.__dict__.get("aliases", ())
+            if name == cls.name and aliases:
+                continue  # listed under its published name (the alias) instead
+            names.append(name)
+    return tuple(names)
+
+
+def style_of(name: str) -> str:
+    """The policy's own ``style`` (not inherited: a subclass of a baseline is not that baseline)."""
+    return POLICIES[name].__dict__.get("style", "")
 
 
 def build_policy(name: str, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0,

@@ -66,8 +66,8 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
                       breakdown_cell(r.time_breakdown.get("train")), str(r.switches),
                       f"{r.leases.get('rollout->train', {}).get('leases', 0)} / "
                       f"{r.leases.get('train->rollout', {}).get('leases', 0)}")
-    out.print(f"pool %: busy / tail / admission / switching / draining / syncing / no reason "
-              f"(device-time; bound = policy-independent lower bound on the step)")
+    out.print("pool %: busy / tail / admission / switching / draining / syncing / no reason "
+              "(device-time; bound = policy-independent lower bound on the step)")
     out.print(table)
 
 

@@ -64,7 +64,8 @@ class SimResult:
                 "step_s": round(self.step_s, 3), "bound_step_s": round(self.bound_step_s, 3),
                 "efficiency": round(self.efficiency, 3), "idle_ratio": self.idle_ratio,
                 "time_breakdown": self.time_breakdown,
-                "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches, "leases": self.leases,
+                "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches,
+                "leases": self.leases,
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
@@ -150,7 +151,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
         if rollout_devices % k:
             raise ValueError(f"{rollout_devices} rollout devices are not whole instances of {k} devices")
         shape = dataclasses.replace(shape, rollout_devices=rollout_devices // k)
-    B, G, devices, steps = shape.batch_groups, cfg.rollout.group_size, shape.devices, shape.steps
+    G, devices, steps = cfg.rollout.group_size, shape.devices, shape.steps
     switch_s = cfg.sim.switch_s  # one figure for every policy whose devices switch (0: the model's)
     est = model_estimates(cfg, perf, workload)
     # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
@@ -188,8 +189,8 @@ def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float) -> float
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
     comparison shares it)."""
     units = cfg.cluster.devices // instance_size(cfg)
-    key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps,
-           units, cfg.seed, eta)
+    key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step,
+           cfg.train.steps, units, cfg.seed, eta)
     if key not in _BOUNDS:
         _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,
                                   cfg.train.steps, units, cfg.seed, eta)

@@ -125,7 +125,8 @@ def main(argv=None) -> dict:
                                  "rollout.engine=vllm", "rollout.max_new_tokens=16", "rollout.max_model_len=1024",
                                  f"rollout.gpu_memory_utilization={args.memory_fraction}", "train.micro_batch_size=8",
                                  "train.gradient_checkpointing=true", "train.lr=1e-5", "train.lr_warmup_steps=1",
-                                 "logging.progress=false", "logging.wandb_mode=disabled", f"model.cache_dir={scratch}/cache"])
+                                 "logging.progress=false", "logging.wandb_mode=disabled",
+                                 f"model.cache_dir={scratch}/cache"])
         before = memory(torch, args.device)
         start = time.perf_counter()
         rollout = build_rollout_engine(cfg, folder)
@@ -160,7 +161,8 @@ def main(argv=None) -> dict:
         gap = sum(gaps) / max(1, len(gaps))
         report["weight_load"] = {"seconds": round(load_s, 4), "trainer_checksum": trainer_sum,
                                  "vllm_checksum": served_sum, "mean_abs_logprob_gap": round(gap, 5)}
-        checks["weight_load_checksum"] = served_sum is None or abs(served_sum - trainer_sum) <= 1e-3 * max(1.0, abs(trainer_sum))
+        checks["weight_load_checksum"] = (served_sum is None
+                                          or abs(served_sum - trainer_sum) <= 1e-3 * max(1.0, abs(trainer_sum)))
         checks["weight_load_logprobs"] = gap < (0.05 if dtype == "bfloat16" else 1e-3)
 
         cycles = []
@@ -193,7 +195,8 @@ def main(argv=None) -> dict:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         summaries = list(Path(scratch, "runs").glob("*/summary.json"))
         summary = json.loads(summaries[0].read_text()) if summaries else {}
-        report["launch"] = {"workers": workers, "returncode": done.returncode, "seconds": round(time.perf_counter() - start, 1),
+        report["launch"] = {"workers": workers, "returncode": done.returncode,
+                            "seconds": round(time.perf_counter() - start, 1),
                             "steps": summary.get("steps"), "samples_per_s": summary.get("samples_per_s"),
                             "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
         checks["launch"] = done.returncode == 0 and summary.get("steps") == args.launch_steps

@@ -64,7 +64,10 @@ def main() -> None:
             "busy": {pool: round(statistics.mean(s["time_breakdown"][pool]["busy"] for s in runs), 3)
                      for pool in runs[0]["time_breakdown"]}})
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
-    fmt = lambda xs: ", ".join(f"{x:g}" for x in xs)
+
+    def fmt(xs):
+        return ", ".join(f"{x:g}" for x in xs)
+
     print("\n| policy | samples/s (rounds) | / async (rounds) | / bidirl-nomigrate (rounds) | migrations "
           "(stopped mid-generation) | busy share per pool |")
     print("|---|---|---|---|---|---|")

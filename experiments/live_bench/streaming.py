@@ -88,7 +88,9 @@ def main() -> None:
           "streamed steps | trainer waited in streamed steps, s | busy share per pool |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        fmt = lambda xs: ", ".join(f"{x:g}" for x in xs)
+        def fmt(xs):
+            return ", ".join(f"{x:g}" for x in xs)
+
         busy = " / ".join(f"{pool} {100 * share:.0f}%" for pool, share in sorted(row["busy"].items()))
         print(f"| {row['eta']} | {row['policy']} | {row['samples_per_s']} ({fmt(row['rounds_samples_per_s'])}) | "
               f"{statistics.mean(row['vs_async']):.2f} ({fmt(row['vs_async'])}) | "

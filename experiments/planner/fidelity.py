@@ -26,7 +26,8 @@ prediction separates that from the device model's own error. Neither fits a cons
 step time.
 Reported: predicted and measured steady-state step time (the mean step after the first three: the
 pipeline filling and the engines' first calls are a start-up cost, not a step; both the mean over
-the rounds, with the range of the measured), the ratio of the means and of each round, the plain means, and each pool's busy share, which
+the rounds, with the range of the measured), the ratio of the means and of each round, the plain
+means, and each pool's busy share, which
 says where they differ. The profile measures each stage beside the other (two CPU devices share this
 machine), which the prediction charges. Writes ``fidelity.json`` (next to
 this file unless ``--out``) and prints a markdown table.
@@ -128,7 +129,8 @@ def measure(name: str, steps: int, root: Path, repeats: int) -> list:
         summaries, fits = [s for _, s, *_ in runs], runs[-1][2]
         rows.append({"setting": name, "policy": policy, "predicted_step_s": round(statistics.mean(predicted), 4),
                      "measured_step_s": round(statistics.mean(measured), 4),
-                     "predicted_runs_s": [round(v, 4) for v in predicted], "measured_runs_s": [round(v, 4) for v in measured],
+                     "predicted_runs_s": [round(v, 4) for v in predicted],
+                     "measured_runs_s": [round(v, 4) for v in measured],
                      "ratio": round(statistics.mean(predicted) / statistics.mean(measured), 3),
                      "ratios": [round(p / m, 3) for p, m in zip(predicted, measured)],
                      "at_run_lengths_step_s": round(statistics.mean(at_run), 4),

@@ -43,7 +43,8 @@ def main(argv) -> None:
             b, o = results["bidirl"], results[best]
             leases = b.leases
             count = lambda d: int(leases.get(d, {}).get("leases", 0))  # noqa: E731
-            print(f"| {workload} | {model} | {k} | {best} {o.samples_per_s:.1f} ({o.rollout_devices}/{o.devices - o.rollout_devices}) | "
+            print(f"| {workload} | {model} | {k} | "
+                  f"{best} {o.samples_per_s:.1f} ({o.rollout_devices}/{o.devices - o.rollout_devices}) | "
                   f"{b.samples_per_s:.1f} ({b.rollout_devices}/{b.devices - b.rollout_devices}) | "
                   f"{b.samples_per_s / o.samples_per_s:.2f} | {count('rollout->train')} / {count('train->rollout')} |",
                   flush=True)
