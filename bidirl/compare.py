@@ -22,7 +22,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig, load_config
 from bidirl.errors import BidirlError, RunFailed
@@ -106,13 +106,16 @@ def preflight(cfg: PipelineConfig, names: List[str]) -> None:
 
 
 def compare(cfg: PipelineConfig, cfg_path: str, overrides: List[str], names: List[str], out: Path,
-            done: Optional[Dict[str, str]] = None) -> List[Row]:
+            done: Optional[Dict[str, str]] = None, log_table: Optional[Callable[..., None]] = None) -> List[Row]:
     """bidirl and each of ``names``, live or simulated (:func:`is_here`); ``done``: policy -> a live run
-    folder already made by an earlier stage (the pipeline's ``launch`` of bidirl), reused."""
+    folder already made by an earlier stage (the pipeline's ``launch`` of bidirl), reused; ``log_table``:
+    where the table also goes (the run's W&B Table)."""
     policies = [*names, "bidirl"]
     rows = (compare_live(cfg, cfg_path, overrides, policies, out, done or {}) if is_here(cfg)
             else compare_simulated(cfg, policies, out))
     write(rows, out)
+    if log_table is not None:
+        log_table("comparison", HEADER, table_rows(rows))
     return rows
 
 

@@ -7,16 +7,18 @@ pipeline naming a stage that is not built yet fails at once with one line instea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 from bidirl.config import PipelineConfig, to_yaml
 from bidirl.errors import BidirlError, NotBuiltYet, RunFailed
 from bidirl.report import write_report
-from bidirl.rundir import RunDir
+from bidirl.rundir import WANDB_GROUP_VARIABLE, RunDir
 from bidirl.runtime_env import prepare_process
 from bidirl.ui import say
 
@@ -158,7 +160,7 @@ def stage_compare(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     resolved = run.path / "compare.yaml"  # the config as the stages before left it (the profile, say)
     resolved.write_text(to_yaml(cfg))
     done = {cfg.launch.mode: state["summary"]["launch"]["dir"]} if "launch" in state["summary"] else {}
-    rows = compare(cfg, str(resolved), [], list(cfg.compare.baselines), run.path, done)
+    rows = compare(cfg, str(resolved), [], list(cfg.compare.baselines), run.path, done, log_table=run.table)
     state["summary"]["compare"] = {r.name: {"samples_per_s": r.samples_per_s, "where": r.where, "split": r.split,
                                             "accuracy_end": r.accuracy_end} for r in rows}
 
@@ -259,16 +261,31 @@ def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], 
             show(f"node {node}: torchrun " + " ".join(command[3:]))
 
 
+@contextlib.contextmanager
+def wandb_group(name: str) -> Iterator[None]:
+    """Runs started meanwhile (the launch stage's runtime, compared policies) join W&B group ``name``."""
+    before = os.environ.get(WANDB_GROUP_VARIABLE)
+    os.environ[WANDB_GROUP_VARIABLE] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(WANDB_GROUP_VARIABLE, None)
+        else:
+            os.environ[WANDB_GROUP_VARIABLE] = before
+
+
 def run_pipeline(cfg: PipelineConfig) -> RunDir:
     check_stages_built(cfg)
     prepare_process(cfg.cluster.device_type)
     preflight(cfg)  # bad input fails here, before the run directory exists
     run = RunDir(cfg)
     say(f"run directory: {run.path}")
-    state: State = {"summary": {"stages": list(cfg.stages)}, "cfg": cfg}
+    state: State = {"summary": {"stages": list(cfg.stages)}, "cfg": cfg, "run": run}
     try:
-        for stage in cfg.stages:
-            STAGES[stage](state["cfg"], run, state)
+        with wandb_group(run.path.name):
+            for stage in cfg.stages:
+                STAGES[stage](state["cfg"], run, state)
     except BaseException:
         run.finish({**state["summary"], "status": "failed"})
         raise

@@ -17,10 +17,15 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from bidirl.config import PipelineConfig, to_yaml
 from bidirl.errors import BidirlError
+
+
+# Set by a pipeline run or a comparison while its stages start other runs (the launch stage's runtime,
+# each compared policy): their W&B runs join its group.
+WANDB_GROUP_VARIABLE = "BIDIRL_WANDB_GROUP"
 
 
 class RunDir:
@@ -51,11 +56,25 @@ class RunDir:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
+    def table(self, name: str, columns: List[str], rows: List[List[Any]]) -> None:
+        """A table for W&B (the comparison); the run directory has its own copy (compare.json/md)."""
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=columns, data=rows)})
+
     def finish(self, summary: Dict[str, Any]) -> None:
         summary = {"run_dir": str(self.path), "wall_s": round(time.time() - self.started, 1), **summary}
         _write_atomic(self.path / "summary.json", json.dumps(summary, indent=2, default=str))
         lines = [f"# {self.path.name}", ""] + _markdown_items(summary)
         _write_atomic(self.path / "summary.md", "\n".join(lines) + "\n")
+        if self._wandb is not None:  # the figures and the final numbers, as metrics.jsonl/summary.json hold them
+            import wandb
+
+            images = {png.stem: wandb.Image(str(png)) for png in sorted(self.path.glob("*.png"))}
+            if images:
+                self._wandb.log(images)
+            self._wandb.summary.update({k: v for k, v in _flat(summary).items() if isinstance(v, (int, float, str))})
         self.close()
 
     def close(self) -> None:
@@ -76,6 +95,7 @@ def _start_wandb(cfg: PipelineConfig, path: Path) -> Any:
         return wandb.init(
             project=cfg.logging.wandb_project,
             name=path.name,
+            group=os.environ.get(WANDB_GROUP_VARIABLE) or path.name,  # a pipeline's or compare's runs, together
             dir=str(path),
             mode=cfg.logging.wandb_mode,
             config=OmegaConf.to_container(OmegaConf.structured(cfg)),
@@ -83,6 +103,17 @@ def _start_wandb(cfg: PipelineConfig, path: Path) -> Any:
     except Exception as exc:  # e.g. online mode without an API key fails at once
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BidirlError(f"logging.wandb_mode={cfg.logging.wandb_mode}: W&B did not start ({first})") from None
+
+
+def _flat(items: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}`` (W&B summary keys; the staleness histogram, idle shares...)."""
+    out: Dict[str, Any] = {}
+    for key, value in items.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _markdown_items(items: Dict[str, Any], indent: str = "") -> list:

@@ -210,6 +210,7 @@ def compare(
 
     def action() -> None:
         from bidirl.compare import compare as run_compare, parse_baselines, preflight
+        from bidirl.pipeline import wandb_group
         from bidirl.rundir import RunDir
         from bidirl.runtime_env import prepare_process
 
@@ -223,7 +224,8 @@ def compare(
         preflight(cfg, names)  # bad input fails here, before the run directory exists
         run = RunDir(cfg)
         try:
-            rows = run_compare(cfg, str(path), extra, names, run.path)
+            with wandb_group(run.path.name):
+                rows = run_compare(cfg, str(path), extra, names, run.path, log_table=run.table)
         except BaseException:
             run.finish({"status": "failed"})
             raise
