@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 
 def read_metrics(path: Path) -> List[dict]:
@@ -73,8 +73,11 @@ def plot_gantt(trace: List[dict], end: float, out: Path, title: str = "") -> Pat
     devices = sorted({d for d, *_ in spans}) or [0]
     homes = {r["device"]: r["home"] for r in trace}
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(devices) + 1.5))
+    rows: Dict[tuple, List[tuple]] = {}  # (device, state) -> its spans: one collection each, not one bar per span
     for device, state, _role, start, stop in spans:
-        ax.barh(device, stop - start, left=start, height=0.8, color=STATE_COLOURS.get(state, "black"), linewidth=0)
+        rows.setdefault((device, state), []).append((start, stop - start))
+    for (device, state), bars in rows.items():
+        ax.broken_barh(bars, (device - 0.4, 0.8), facecolors=STATE_COLOURS.get(state, "black"), linewidth=0)
     ax.set_yticks(devices, [f"d{d} ({homes.get(d, '?')})" for d in devices])
     ax.invert_yaxis()
     ax.set_xlabel("seconds")

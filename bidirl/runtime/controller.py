@@ -403,7 +403,7 @@ class Controller:
         """Groups that finished into the streamed step become micro-batches; the step's devices that were
         waiting for work pull them. The last group closes the batch (its normaliser is known now)."""
         step = self.step
-        parts = self.cluster.batch_chunks(self.cluster.version)[step.fed:]
+        parts = self.cluster.batch_chunks(self.cluster.version, step.fed)
         step.fed += len(parts)
         step.left.extend(step.stream.add(parts))
         now = time.perf_counter()

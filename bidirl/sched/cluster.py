@@ -289,9 +289,10 @@ class Cluster:
             taken[v] = taken.get(v, 0) + n
         return waiting if self._deadlines_met(taken) else None
 
-    def batch_chunks(self, k: int) -> List[Tuple[Chunk, int]]:
-        """The chunks batch ``k`` took groups from, with how many groups each."""
-        return [(self.chunks[c], n) for c, n in self.batch_parts.get(k, [])]
+    def batch_chunks(self, k: int, start: int = 0) -> List[Tuple[Chunk, int]]:
+        """The chunks batch ``k`` took groups from, with how many groups each (from its ``start``-th part:
+        a streamed step asks after every event for the parts it has not fed yet)."""
+        return [(self.chunks[c], n) for c, n in self.batch_parts.get(k, [])[start:]]
 
     def batch_ready(self) -> bool:
         """B completed groups can be taken now without making any group miss its deadline later.

@@ -348,8 +348,10 @@ class Simulator:
 
     def feed_stream(self, now: float) -> None:
         """Groups that finished into the streamed step in progress become gradient work."""
-        parts = self.cluster.batch_chunks(self.cluster.version)[self.fed:]
-        if self.step is None or not parts:
+        if self.step is None:
+            return
+        parts = self.cluster.batch_chunks(self.cluster.version, self.fed)
+        if not parts:
             return
         self.fed += len(parts)
         epoch = next(self.step_epochs)
