@@ -178,3 +178,27 @@ def test_compare_on_a_cluster_that_is_not_here_simulates_every_policy_at_its_own
     assert "## Comparison" in report and "areal" in report
     assert "data:image/png;base64," in (run / "report.html").read_text()  # one self-contained file
     assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+
+
+def test_the_demo_pipeline_profiles_plans_launches_and_compares_into_one_run_directory(tmp_path):
+    small = [t for t in TINY if not t.startswith("logging.wandb")] + [
+        "logging.wandb_mode=disabled", "train.lr=1e-3", "train.prompts_per_step=8", "train.micro_batch_size=8",
+        "launch.chunk_groups=4", "train.steps=3", "logging.eval_every=3", "launch.collective_timeout_s=120",
+        "compare.baselines=[verl,areal]"]
+    result = bidirl("run", "pipelines/cpu-demo.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+                    *small)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["stages"] == ["prepare_model", "profile", "plan", "launch", "compare"]
+    json.loads((run / "profile.json").read_text()) and json.loads((run / "plan.json").read_text())
+    rows = json.loads((run / "compare.json").read_text())
+    assert [r["name"] for r in rows] == ["verl", "areal", "bidirl"] and all(r["where"] == "live" for r in rows)
+    assert rows[-1]["run_dir"] == str(run / "launch")  # the launch stage's bidirl run, reused, not run twice
+    assert all(r["samples_per_s"] > 0 and r["accuracy_end"] is not None for r in rows)
+    for name in ("report.md", "report.html", "compare.md", "compare_throughput.png", "compare_curves.png",
+                 "profile.png", "launch/gantt.png", "compare/verl/summary.json", "compare/areal/trace.jsonl"):
+        assert (run / name).is_file(), name
+    report = (run / "report.md").read_text()
+    for section in ("## Profile", "## Plan", "## bidirl on the hot-switch runtime", "## Comparison"):
+        assert section in report

@@ -99,6 +99,14 @@ def spread(values: list) -> str:
     return f"{mean:.1f} [{min(values):.1f}, {max(values):.1f}]" if len(values) > 1 else f"{mean:.1f}"
 
 
+def late_mean(row: dict) -> float:
+    """Mean held-out accuracy over the evaluations of the run's second half: one evaluation swings by
+    several points from one snapshot to the next (the policy's greedy answers flip), the late mean less."""
+    end = row["curve"][-1][0]  # samples trained at the end
+    late = [y for x, y in row["curve"] if x > end / 2]
+    return statistics.fmean(late) if late else row["accuracy_end"]
+
+
 def eta_of(arm: str) -> str:
     return arm.split("eta")[1].split("-")[0] if "eta" in arm else "-"
 
@@ -109,8 +117,11 @@ def report(results: dict) -> str:
     sync = [r["accuracy_end"] for r in results.get("sync", [])]
     sync_mean = statistics.fmean(sync) if sync else None
     lines = ["| arm | eta | seeds | held-out accuracy at start | at end, mean [min, max] | gain (points) | "
-             "end - sync mean (points) | sync's seed spread (points) | staleness histogram (samples) | "
-             "importance weight mean | clipped share | samples/s |", "|" + "---|" * 12]
+             "end - sync mean (points) | sync's seed spread (points) | late mean, mean [min, max] | "
+             "late - sync late (points) | staleness histogram (samples) | importance weight mean | clipped share | "
+             "samples/s |", "|" + "---|" * 14]
+    sync_late = [late_mean(r) for r in results.get("sync", [])]
+    sync_late_mean = statistics.fmean(sync_late) if sync_late else None
     sync_spread = f"{100 * (max(sync) - min(sync)):.1f}" if len(sync) > 1 else "-"
     for arm in ARMS:
         rows = results.get(arm)
@@ -119,6 +130,9 @@ def report(results: dict) -> str:
         ends = [r["accuracy_end"] for r in rows]
         gains = [r["accuracy_end"] - r["accuracy_start"] for r in rows]
         gap = f"{100 * (statistics.fmean(ends) - sync_mean):+.1f}" if sync_mean is not None else "-"
+        lates = [late_mean(r) for r in rows]
+        late_gap = f"{100 * (statistics.fmean(lates) - sync_late_mean):+.1f}" if sync_late_mean is not None else "-"
+        late = f"{spread(lates)} | {late_gap}"
         histogram: dict = {}
         for r in rows:
             for k, v in r["staleness_histogram"].items():
@@ -128,11 +142,11 @@ def report(results: dict) -> str:
         weight = [r["importance_weight_mean"] for r in rows if r["importance_weight_mean"] is not None]
         cut = [r["importance_weight_clipped"] for r in rows if r["importance_weight_clipped"] is not None]
         lines.append(f"| {arm} | {eta_of(arm)} | {len(rows)} | {spread([r['accuracy_start'] for r in rows])} | "
-                     f"{spread(ends)} | {statistics.fmean(gains) * 100:+.1f} | {gap} | {sync_spread} | {shown} | "
+                     f"{spread(ends)} | {statistics.fmean(gains) * 100:+.1f} | {gap} | {sync_spread} | {late} | {shown} | "
                      f"{statistics.fmean(weight):.3f} | {statistics.fmean(cut):.2%} | "
                      f"{statistics.fmean(r['samples_per_s'] for r in rows):.0f} |" if weight and cut else
                      f"| {arm} | {eta_of(arm)} | {len(rows)} | - | {spread(ends)} | - | {gap} | {sync_spread} | "
-                     f"{shown} | - | - | - |")
+                     f"{late} | {shown} | - | - | - |")
     return "\n".join(lines)
 
 
