@@ -99,7 +99,7 @@ def test_a_trainer_that_adopts_anothers_training_state_steps_identically_from_th
         train_one_step(primary, samples)  # the primary has AdamW moments and a schedule position by now
     buffer = io.BytesIO()
     torch.save(primary.training_state(), buffer)  # what travels between the two processes
-    newcomer.adopt_training_state(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
+    newcomer.adopt_training_state(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     assert newcomer.version == primary.version == 2
     train_one_step(primary, samples)
     train_one_step(newcomer, copy.deepcopy(samples))

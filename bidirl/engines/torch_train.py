@@ -160,7 +160,7 @@ class TorchTrainEngine:
     def load(self, directory: str) -> None:
         model, _ = load_model(directory, "float32")
         try:
-            state = self.torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
+            state = self.torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
         except Exception as exc:
             raise BidirlError(f"{directory}: corrupt checkpoint ({type(exc).__name__}: {exc})") from None
         self.model.load_state_dict(model.state_dict())

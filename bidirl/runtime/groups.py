@@ -141,7 +141,7 @@ class Groups:
             return obj, int(size[0])
         # tensors land where this worker keeps its state (the sender's cuda:0 is this worker's own GPU too)
         return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location=self.tensor_device,
-                          weights_only=False), int(size[0])
+                          weights_only=True), int(size[0])
 
 
 def _build(store: Any, kind: str, members: FrozenSet[int], device: int, device_type: str, timeout_s: float) -> Any:
