@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig, to_yaml
 from bidirl.errors import BidirlError, NotBuiltYet, RunFailed
@@ -132,8 +133,6 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     """The hot-switch runtime through torchrun, as ``bidirl launch`` runs it, writing into ``launch/`` of
     this run directory; at the plan stage's split if there was one (else the planner's, from
     ``sim.profile``, or the policy's default)."""
-    import json
-
     from bidirl.config import load_config
     from bidirl.planner import live_partition, live_prior
     from bidirl.runtime.launch import launch, topology_of
@@ -275,16 +274,32 @@ def wandb_group(name: str) -> Iterator[None]:
             os.environ[WANDB_GROUP_VARIABLE] = before
 
 
-def run_pipeline(cfg: PipelineConfig) -> RunDir:
+def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Optional[str] = None,
+                 only: bool = False) -> RunDir:
+    """The pipeline's stages into a new run directory; or, with ``run_dir`` and ``first`` (``--from`` /
+    ``--only``), stage ``first`` (and, unless ``only``, the stages after it) again into that existing
+    directory, the earlier stages' outputs reused and the re-run stages' old outputs kept aside."""
     check_stages_built(cfg)
     prepare_process(cfg.cluster.device_type)
-    preflight(cfg)  # bad input fails here, before the run directory exists
-    run = RunDir(cfg)
-    say(f"run directory: {run.path}")
-    state: State = {"summary": {"stages": list(cfg.stages)}, "cfg": cfg, "run": run}
+    stages = list(cfg.stages)
+    if first is not None:
+        stages = rerun_stages(cfg, first, only)
+        cfg, summary = restored(cfg, run_dir, first)
+        preflight(dataclasses.replace(cfg, stages=stages))
+        run = RunDir.existing(cfg, run_dir)
+        say(f"run directory: {run.path} (again from stage '{first}'{', only' if only else ''})")
+        set_aside(run.path, stages)
+    else:
+        preflight(cfg)  # bad input fails here, before the run directory exists
+        run = RunDir(cfg)
+        summary = {"stages": stages}
+        say(f"run directory: {run.path}")
+    state: State = {"summary": summary, "cfg": cfg, "run": run}
+    if first is not None and (run.path / "launch" / "summary.json").is_file() and "launch" not in stages:
+        summary.setdefault("launch", {})["dir"] = str(run.path / "launch")  # compare reuses it
     try:
         with wandb_group(run.path.name):
-            for stage in cfg.stages:
+            for stage in stages:
                 STAGES[stage](state["cfg"], run, state)
     except BaseException:
         run.finish({**state["summary"], "status": "failed"})
@@ -292,3 +307,60 @@ def run_pipeline(cfg: PipelineConfig) -> RunDir:
     run.finish({**state["summary"], "status": "ok"})
     say(f"report: {write_report(run.path)} (and report.html)")
     return run
+
+
+# What each stage writes into the run directory: a stage run again first moves these aside.
+STAGE_OUTPUTS = {
+    "profile": ("profile.json", "profile.png"),
+    "plan": ("plan.json",),
+    "launch": ("launch", "launch.yaml"),
+    "compare": ("compare", "compare.yaml", "compare.json", "compare.md", "compare_throughput.png",
+                "compare_curves.png"),
+    "simulate": ("results.json", "throughput.png"),
+    "train": ("checkpoint", "snapshots", "learning_curve.png", "gantt.png", "trace.jsonl"),
+}
+
+
+def rerun_stages(cfg: PipelineConfig, first: str, only: bool) -> List[str]:
+    if first not in cfg.stages:
+        raise BidirlError(f"--{'only' if only else 'from'} {first}: the pipeline's stages are "
+                          f"{', '.join(cfg.stages)}")
+    return [first] if only else cfg.stages[cfg.stages.index(first):]
+
+
+def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str) -> Tuple[PipelineConfig, State]:
+    """What the stages before ``first`` left in ``run_dir``, as they would have handed it on: the
+    profile (``sim.profile``), the plan's split, the previous summary."""
+    from bidirl.planner import load_plan, planned_config
+
+    if run_dir is None or not (Path(run_dir) / "summary.json").is_file():
+        raise BidirlError(f"--run-dir {run_dir}: not a run directory (no summary.json): pass one that "
+                          "`bidirl run` wrote")
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise BidirlError(f"{run_dir / 'summary.json'}: not readable ({type(exc).__name__})") from None
+    before = cfg.stages[: cfg.stages.index(first)]
+    if "profile" in before and (run_dir / "profile.json").is_file():
+        cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(run_dir / "profile.json")))
+    if "plan" in before and (run_dir / "plan.json").is_file():
+        cfg = planned_config(cfg, load_plan(run_dir / "plan.json", cfg))
+    keep = {k: v for k, v in summary.items() if k not in ("status", "run_dir", "wall_s")}
+    return cfg, {**keep, "stages": list(cfg.stages)}
+
+
+def set_aside(run: Path, stages: List[str]) -> None:
+    """The outputs of the stages about to run again go to ``replaced-<time>/``: nothing is lost."""
+    aside = run / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    for stage in stages:
+        for name in STAGE_OUTPUTS.get(stage, ()):
+            if (run / name).exists():
+                aside.mkdir(exist_ok=True)
+                (run / name).rename(aside / name)
+
+
+def latest_run(cfg: PipelineConfig) -> Optional[Path]:
+    """The newest run directory of this pipeline under ``output_dir`` (``--from`` without ``--run-dir``)."""
+    runs = sorted(p for p in Path(cfg.output_dir).glob(f"{cfg.name}-*") if (p / "summary.json").is_file())
+    return runs[-1] if runs else None

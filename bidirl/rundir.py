@@ -49,6 +49,23 @@ class RunDir:
             raise
         self.started = time.time()
 
+    @classmethod
+    def existing(cls, cfg: PipelineConfig, path: Path) -> "RunDir":
+        """An existing run directory, to run some of its stages again (``bidirl run --from``): its
+        metrics are appended to, its ``config.yaml`` kept (the config of this re-run goes beside it), and
+        a new W&B run joins the directory's group."""
+        run = cls.__new__(cls)
+        run.path = Path(path)
+        (run.path / f"config.rerun-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(to_yaml(cfg))
+        run._metrics = open(run.path / "metrics.jsonl", "a", buffering=1)
+        try:
+            run._wandb = _start_wandb(cfg, run.path)
+        except BidirlError:
+            run._metrics.close()
+            raise
+        run.started = time.time()
+        return run
+
     def log(self, step: int, time_s: Optional[float] = None, **metrics: Any) -> None:
         """One metrics row; ``time_s`` defaults to now (pass it for something measured earlier)."""
         row = {"step": step, "time_s": round(time.time() - self.started, 3) if time_s is None else time_s, **metrics}

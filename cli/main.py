@@ -51,14 +51,29 @@ def _config(pipeline: Path, overrides: Optional[List[str]]):
 def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate, print the plan and the torchrun command "
                                      "of every node; start, write and download nothing."),
+        from_stage: Optional[str] = typer.Option(None, "--from", help="Run this stage and the ones after it "
+                                                 "again, into an existing run directory (--run-dir)."),
+        only_stage: Optional[str] = typer.Option(None, "--only", help="Run only this stage again, into an "
+                                                 "existing run directory (--run-dir)."),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run directory --from/--only "
+                                               "continue (default: this pipeline's newest under output_dir)."),
         debug: bool = DEBUG) -> None:
     """Run a pipeline's stages in order (prepare_model -> profile -> plan -> launch ...) into one run directory."""
-    from bidirl.pipeline import dry_run as check, run_pipeline
+    from bidirl.pipeline import dry_run as check, latest_run, run_pipeline
 
-    if dry_run:
-        _guard(lambda: check(_config(pipeline, overrides), str(pipeline), list(overrides or [])), debug)
-    else:
-        _guard(lambda: run_pipeline(_config(pipeline, overrides)), debug)
+    def action() -> None:
+        cfg = _config(pipeline, overrides)
+        if dry_run:
+            return check(cfg, str(pipeline), list(overrides or []))
+        if from_stage and only_stage:
+            raise BidirlError("--from and --only: give one of them")
+        first = from_stage or only_stage
+        if first is None:
+            run_pipeline(cfg)
+        else:
+            run_pipeline(cfg, run_dir or latest_run(cfg), first, only=bool(only_stage))
+
+    _guard(action, debug)
 
 
 @app.command("prepare-model")

@@ -202,3 +202,20 @@ def test_the_demo_pipeline_profiles_plans_launches_and_compares_into_one_run_dir
     report = (run / "report.md").read_text()
     for section in ("## Profile", "## Plan", "## bidirl on the hot-switch runtime", "## Comparison"):
         assert section in report
+
+
+def test_only_one_stage_runs_again_into_the_same_run_directory_and_the_old_output_is_kept_aside(tmp_path):
+    simulated = ["pipelines/sim-32gpu.yaml", "stages=[plan,compare]", "cluster.devices=4", "train.steps=8",
+                 "sim.gantt=false", f"output_dir={tmp_path}"]
+    assert bidirl("run", *simulated, "compare.baselines=[verl,areal]").returncode == 0
+    (run,) = tmp_path.iterdir()
+    result = bidirl("run", *simulated, "compare.baselines=[roll]", "--only", "compare")
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == [run]  # no new run directory
+    rows = json.loads((run / "compare.json").read_text())
+    assert [r["name"] for r in rows] == ["roll", "bidirl"]
+    (aside,) = run.glob("replaced-*")
+    assert [r["name"] for r in json.loads((aside / "compare.json").read_text())] == ["verl", "areal", "bidirl"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and "plan" in summary and set(summary["compare"]) == {"roll", "bidirl"}
+    assert_one_line_error(bidirl("run", *simulated, "--from", "launch"), "--from launch", "plan, compare")
