@@ -225,13 +225,13 @@ def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
              f"policies {', '.join(cfg.sim.policies)}")
     if "launch" in cfg.stages or "plan" in cfg.stages:
         plan_and_commands(cfg, cfg_path, overrides, show)
+    else:
+        show("no plan or launch stage: nothing to plan, nothing started through torchrun")
     if "compare" in cfg.stages:
         from bidirl.compare import is_here
 
         show(f"compare: bidirl against {', '.join(cfg.compare.baselines)}, "
              f"{'live on these devices' if is_here(cfg) else 'simulated (the cluster is not this machine)'}")
-    else:
-        show("no plan or launch stage: nothing to plan, nothing started through torchrun")
     show("dry run: nothing was started, written or downloaded")
 
 

@@ -22,6 +22,18 @@ app = typer.Typer(
     add_completion=False,
 )
 
+@app.callback()
+def options(quiet: bool = typer.Option(False, "--quiet", help="No progress bars or notes (for CI); errors and "
+                                       "results still print.")) -> None:
+    """bidirl: asynchronous, disaggregated RL post-training with bidirectional device borrowing."""
+    if quiet:
+        import os
+
+        from bidirl.ui import QUIET_VARIABLE
+
+        os.environ[QUIET_VARIABLE] = "1"
+
+
 PIPELINE = typer.Argument(..., help="Pipeline YAML file (see pipelines/).")
 OVERRIDES = typer.Argument(None, help="key=value overrides, e.g. train.steps=20", show_default=False)
 DEBUG = typer.Option(False, "--debug", help="Show the full traceback on errors.")

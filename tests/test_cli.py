@@ -126,7 +126,15 @@ def test_the_gsm8k_dry_run_plans_on_the_analytic_h100_model_and_prints_each_node
     assert "--nproc-per-node=9" in nodes[0] and "--node-rank=0" in nodes[0]  # node 0 also runs the controller
     assert "--nproc-per-node=8" in nodes[1] and "--node-rank=1" in nodes[1]
     assert all("--master-addr=10.1.2.3" in n and "--master-port=29500" in n for n in nodes)
+    assert "no plan or launch stage" not in out
     assert not any(tmp_path.iterdir())
+
+
+def test_quiet_leaves_only_errors_and_results(tmp_path):
+    result = bidirl("--quiet", "compare", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=8",
+                    "sim.gantt=false", f"output_dir={tmp_path}", "--baselines", "areal")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.strip().endswith("report.md")  # the table and the report's path: the results
 
 
 def test_a_dry_run_with_an_impossible_setting_is_one_line(tmp_path):
