@@ -1,6 +1,7 @@
 """Control messages between the controller and the device workers, over the torchrun c10d store.
 
-Keys (values are the typed messages of :mod:`bidirl.runtime.protocol`, pickled)::
+Keys (values are the typed messages of :mod:`bidirl.runtime.protocol`, as data-only JSON:
+:mod:`bidirl.runtime.wire`; nothing read from the store is ever unpickled)::
 
     ctl/cmd/<device>/<n>   controller -> device, n = 0, 1, 2, ... ; the worker reads them in order
     ctl/wcmd/<device>/<n>  controller -> device's weight receiver thread (join the next broadcast)
@@ -18,8 +19,9 @@ every member, which rules out deadlock.
 from __future__ import annotations
 
 import datetime
-import pickle
 from typing import Any, Dict, Optional
+
+from bidirl.runtime.wire import decode, encode
 
 PREFIX = "ctl/"
 
@@ -33,7 +35,7 @@ class Mailbox:
     def _put(self, queue: str, message: Any) -> None:
         n = self.sent.get(queue, 0)
         self.sent[queue] = n + 1
-        self.store.set(f"{PREFIX}{queue}/{n}", pickle.dumps(message))
+        self.store.set(f"{PREFIX}{queue}/{n}", encode(message))
 
     def _take(self, queue: str, timeout: Optional[float] = None) -> Any:
         n = self.taken.get(queue, 0)
@@ -43,7 +45,7 @@ class Mailbox:
                 self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout)))
             except RuntimeError:  # (the store's timeout): nothing arrived in time
                 return None
-        message = pickle.loads(self.store.get(key))  # blocks until the message exists
+        message = decode(self.store.get(key))  # blocks until the message exists
         self.store.delete_key(key)
         self.taken[queue] = n + 1
         return message
@@ -60,7 +62,7 @@ class Mailbox:
         return self._take("evt", timeout)
 
     def publish(self, name: str, value: Any) -> None:
-        self.store.set(PREFIX + name, pickle.dumps(value))
+        self.store.set(PREFIX + name, encode(value))
 
     # worker side
     def next_command(self, device: int) -> Any:
@@ -71,7 +73,7 @@ class Mailbox:
 
     def post(self, message: Any) -> None:
         n = self.store.add(f"{PREFIX}evt/count", 1) - 1
-        self.store.set(f"{PREFIX}evt/{n}", pickle.dumps(message))
+        self.store.set(f"{PREFIX}evt/{n}", encode(message))
 
     def read(self, name: str) -> Any:
-        return pickle.loads(self.store.get(PREFIX + name))
+        return decode(self.store.get(PREFIX + name))
