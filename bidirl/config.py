@@ -263,6 +263,8 @@ def _read_yaml(path: Path) -> DictConfig:
         raise ConfigError(f"{path}: pipeline file not found")
     try:
         data = yaml.safe_load(path.read_text())
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"{path}: not a readable text file ({type(exc).__name__}): a pipeline is YAML") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

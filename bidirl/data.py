@@ -75,7 +75,8 @@ def _load_rows(source: str, split: str) -> Any:
         try:
             return datasets.load_dataset(builder, data_files=str(path), split="train")
         except Exception as exc:  # datasets raises many types for a corrupt file
-            raise BidirlError(f"{path}: cannot read as {builder}: {str(exc).splitlines()[0]}") from None
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # some carry no message
+            raise BidirlError(f"{path}: cannot read as {builder} (empty or malformed?): {first}") from None
     if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
         raise BidirlError(f"{source}: data file not found")
     try:

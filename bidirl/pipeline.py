@@ -187,8 +187,34 @@ def run_stages(cfg: PipelineConfig, stages) -> RunDir:
     return run_pipeline(dataclasses.replace(cfg, stages=list(stages)))
 
 
+INPUT_STAGES = ("prepare_model", "evaluate", "train", "profile", "launch", "compare")
+
+
+def check_inputs(cfg: PipelineConfig) -> None:
+    """The data and the model a pipeline names, checked before anything is written (and without
+    downloading anything): local data must load and hold problems with numeric answers; a local model
+    folder must hold a readable config; the tiny model needs a reasoning-gym task."""
+    from bidirl.models.sources import check_model_folder, is_local
+
+    if not any(stage in INPUT_STAGES for stage in cfg.stages):
+        return
+    if cfg.data.source == "reasoning_gym" or Path(cfg.data.path).expanduser().exists() \
+            or cfg.data.path.startswith((".", "/", "~")):
+        from bidirl.data import load_problems
+
+        if not load_problems(dataclasses.replace(cfg.data, eval_size=min(cfg.data.eval_size, 50)), "test"):
+            where = cfg.data.path if cfg.data.source == "gsm8k" else f"data.task={cfg.data.task}"
+            raise BidirlError(f"{where}: no problems in the held-out split (data.eval_size={cfg.data.eval_size})")
+    if cfg.model.source == "tiny" and cfg.data.source != "reasoning_gym":
+        raise BidirlError("model.source 'tiny' is trained on a reasoning_gym task; set data.source=reasoning_gym")
+    if is_local(cfg.model.source):
+        check_model_folder(cfg.model.source)
+
+
 def preflight(cfg: PipelineConfig) -> None:
-    """What the stages would reject, checked before anything is written: the profile file, the plan."""
+    """What the stages would reject, checked before anything is written: the data and model, the profile
+    file, the plan."""
+    check_inputs(cfg)
     if cfg.sim.profile:
         if not Path(cfg.sim.profile).is_file():
             raise BidirlError(f"sim.profile={cfg.sim.profile}: no such file (run `bidirl profile` first)")

@@ -32,13 +32,18 @@ class RunDir:
     def __init__(self, cfg: PipelineConfig, root: Optional[Path] = None, path: Optional[str | Path] = None):
         """A new ``<root or output_dir>/<name>-<stamp>``, or exactly ``path`` (a stage's folder inside a
         pipeline's run directory), which must not exist yet."""
-        if path is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            self.path = _unique(Path(root or cfg.output_dir) / f"{cfg.name}-{stamp}")
-            self.path.mkdir(parents=True)
-        else:
-            self.path = Path(path)
-            self.path.mkdir(parents=True, exist_ok=False)
+        try:
+            if path is None:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                self.path = _unique(Path(root or cfg.output_dir) / f"{cfg.name}-{stamp}")
+                self.path.mkdir(parents=True)
+            else:
+                self.path = Path(path)
+                self.path.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:  # output_dir is a file, lies under one, or is not writable
+            where = path or (root or cfg.output_dir)
+            raise BidirlError(f"output_dir={where}: cannot create a run directory there ({exc.strerror or exc})") \
+                from None
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
         try:

@@ -136,9 +136,13 @@ def launch(
 
     def action() -> None:
         from bidirl.planner import live_partition, live_prior
+        from bidirl.runtime.launch import check_devices, check_plan
 
         chosen = list(overrides or [])
-        chosen += live_partition(_config(pipeline, chosen))  # cluster.rollout_devices=0: the planner's split
+        asked = _config(pipeline, chosen)
+        check_plan(asked)  # impossible settings and missing devices: one line, before any note or download
+        check_devices(asked, topology_of(asked, nnodes, node_rank, nproc_per_node, rdzv_endpoint))
+        chosen += live_partition(asked)  # cluster.rollout_devices=0: the planner's split
         cfg = _config(pipeline, chosen)
         topology = topology_of(cfg, nnodes, node_rank, nproc_per_node, rdzv_endpoint)
         code = start(str(pipeline), chosen, cfg, topology, prior=live_prior(cfg))

@@ -39,14 +39,31 @@ def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] =
         return prepare_tiny(cfg, report)
     if source == "smollm2":
         return prepare_smollm2(Path(cfg.model.cache_dir), report)
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise BidirlError(f"{path}: not a Hugging Face model folder (no config.json)")
-        return PreparedModel(str(path), source, read_info(path))
-    if path.exists() or source.startswith((".", "/", "~")):
-        raise BidirlError(f"model.source {source!r}: no such model folder")
+    if is_local(source):
+        return PreparedModel(str(check_model_folder(source)), source, read_info(Path(source).expanduser()))
     return prepare_hub(source, report)
+
+
+def is_local(source: str) -> bool:
+    """A folder (or what is meant as one), as opposed to a hub id ``org/name`` or a built-in source."""
+    return source not in ("tiny", "smollm2") and (Path(source).expanduser().exists() or source.startswith((".", "/", "~")))
+
+
+def check_model_folder(source: str) -> Path:
+    """A local model folder that can be loaded: it exists and holds a readable ``config.json`` naming its
+    ``model_type``; else one line naming it. Checked before any run directory exists."""
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        raise BidirlError(f"model.source {source!r}: no such model folder")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise BidirlError(f"{path}: not a Hugging Face model folder (no config.json)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BidirlError(f"{path}/config.json: not a readable model config ({type(exc).__name__})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise BidirlError(f"{path}/config.json: no 'model_type' (not a Hugging Face model config)")
+    return path
 
 
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]  # no .bin/.pt/.gguf duplicates

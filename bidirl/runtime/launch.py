@@ -107,6 +107,19 @@ def check_memory(cfg: PipelineConfig, model_path: str) -> "DeviceBudget":
     return device_budget(cfg, model_spec_of(cfg, model_path))
 
 
+def check_devices(cfg: PipelineConfig, topo: Topology) -> None:
+    """The devices this node must run exist: a GPU per device worker (cuda), or a core per device
+    worker (cpu: each runs one thread; more processes than cores only queue for them)."""
+    if cfg.cluster.device_type == "cuda":
+        check_gpus(cfg, topo)
+        return
+    workers = processes_on_node(cfg, topo) - (topo.node_rank == 0)
+    cores = os.cpu_count() or 1
+    if workers > cores:
+        raise BidirlError(f"cluster.devices={cfg.cluster.devices}: this node would run {workers} CPU device workers "
+                          f"but has {cores} cores (one thread per device); lower cluster.devices or add nodes")
+
+
 def check_gpus(cfg: PipelineConfig, topo: Topology) -> None:
     """Each of this node's device workers owns a GPU (:mod:`bidirl.runtime.placement`): too few, or none,
     is one line here rather than a failure inside torchrun."""
@@ -136,8 +149,7 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     from bidirl.ui import say
 
     check_plan(cfg)
-    if cfg.cluster.device_type == "cuda":  # before anything is downloaded
-        check_gpus(cfg, topo)
+    check_devices(cfg, topo)  # before anything is downloaded
     prepare_process(cfg.cluster.device_type)
     model = prepare_model(cfg, report=say)
     if cfg.cluster.device_type == "cuda":

@@ -1,0 +1,104 @@
+"""Bad input, across every command: one line naming the culprit, exit code 2, and no run directory left
+behind (nothing existing overwritten). One row per mistake a user makes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIDIRL = str(Path(sys.executable).with_name("bidirl"))
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "pipelines/cpu-tiny.yaml"
+
+
+def files(tmp: Path) -> dict:
+    """The bad files the table refers to, written once per test."""
+    (tmp / "bad.yaml").write_text("name: x\nstages: [prepare_model\n")
+    (tmp / "binary.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    (tmp / "corrupt.json").write_text("{not json")
+    (tmp / "foreign.json").write_text(json.dumps({"schema": "someone-else", "decode": {}}))
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text("garbage")
+    (tmp / "fields.jsonl").write_text(json.dumps({"q": "1+1?", "a": "2"}) + "\n")
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "words.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "two"}) + "\n")
+    (tmp / "a-file").write_text("not a directory")
+    run = tmp / "old-run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["plan", "launch"]}))
+    (run / "plan.json").write_text("{broken")
+    return {"tmp": tmp}
+
+
+GSM8K = ["data.source=gsm8k", "model.source=tiny"]
+CASES = {
+    # malformed and non-text files
+    "malformed yaml": (["run", "{tmp}/bad.yaml"], "bad.yaml:3"),
+    "binary pipeline": (["run", "{tmp}/binary.yaml"], "binary.yaml"),
+    "missing pipeline": (["run", "{tmp}/nope.yaml"], "nope.yaml"),
+    # unknown keys and wrong types
+    "unknown key": (["run", TINY, "train.lrr=0.1"], "train.lrr"),
+    "wrong type": (["launch", TINY, "train.steps=lots"], "train.steps"),
+    "unknown stage": (["run", TINY, "stages=[prepare_model,trian]"], "trian"),
+    # zero, negative, absurd
+    "zero group size": (["run", TINY, "rollout.group_size=0"], "rollout.group_size"),
+    "negative devices": (["launch", TINY, "cluster.devices=-2"], "cluster.devices"),
+    "absurd memory share": (["run", TINY, "rollout.gpu_memory_utilization=5"], "rollout.gpu_memory_utilization"),
+    "negative lease timeout": (["launch", TINY, "launch.lease_timeout_s=-1"], "launch.lease_timeout_s"),
+    # more devices than exist, impossible partitions and staleness
+    "more CPU devices than cores": (["launch", TINY, "cluster.devices=64", "launch.mode=async"], "cluster.devices=64"),
+    "no GPU here": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "cluster.device_type=cuda",
+                     "sim.model=pipeline"], "GPU"),
+    "whole cluster rolls out": (["launch", TINY, "cluster.devices=2", "cluster.rollout_devices=2",
+                                 "launch.mode=async"], "rollout"),
+    "fractional staleness": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5"],
+                             "staleness"),
+    "odd instance size": (["simulate", "pipelines/sim-32gpu.yaml", "cluster.instance_devices=3"],
+                          "cluster.instance_devices"),
+    # models and data
+    "missing model folder": (["evaluate", TINY, "model.source={tmp}/no-model"], "no-model"),
+    "corrupt model folder": (["prepare-model", TINY, "model.source={tmp}/model"], "model"),
+    "dataset without fields": (["evaluate", TINY, *GSM8K, "data.path={tmp}/fields.jsonl"], "fields.jsonl"),
+    "empty dataset": (["evaluate", TINY, *GSM8K, "data.path={tmp}/empty.jsonl"], "empty.jsonl"),
+    "non-numeric answers": (["evaluate", TINY, *GSM8K, "data.path={tmp}/words.jsonl"], "words.jsonl"),
+    # bidirl's own files, corrupt or foreign
+    "corrupt profile": (["plan", TINY, "cluster.devices=2", "launch.mode=async", "--profile", "{tmp}/corrupt.json"],
+                        "corrupt.json"),
+    "foreign profile": (["simulate", "pipelines/sim-32gpu.yaml", "sim.profile={tmp}/foreign.json"], "foreign.json"),
+    "corrupt plan": (["run", TINY, "stages=[plan,launch]", "--from", "launch", "--run-dir", "{tmp}/old-run"],
+                     "plan.json"),
+    "not a run directory": (["run", TINY, "--only", "evaluate", "--run-dir", "{tmp}/a-file"], "a-file"),
+    # names
+    "unknown policy": (["simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,bidirll"], "bidirll"),
+    "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),
+    "unknown baseline": (["compare", "--baselines", "verl,deepspeed-chat"], "deepspeed-chat"),
+    "unknown hardware": (["plan", "pipelines/sim-32gpu.yaml", "sim.hardware=TPU"], "sim.hardware"),
+    # output paths
+    "output dir is a file": (["run", TINY, "output_dir={tmp}/a-file"], "a-file"),
+    "output dir under a file": (["simulate", "pipelines/sim-32gpu.yaml", "output_dir={tmp}/a-file/runs"], "a-file"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    return files(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, bad, tmp_path):
+    args, culprit = CASES[case]
+    args = [a.format(**bad) for a in args]
+    out = tmp_path / "runs"
+    if not any(a.startswith("output_dir=") for a in args):
+        args.append(f"output_dir={out}")
+    args += [f"model.cache_dir={tmp_path}/cache", "logging.wandb_mode=disabled"] if args[0] != "compare" else []
+    before = sorted(p.name for p in bad["tmp"].iterdir())
+    result = subprocess.run([BIDIRL, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (case, result.returncode, result.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, (case, lines)
+    assert culprit.format(**bad) in lines[0], (case, lines[0])
+    assert not out.exists() or not any(out.iterdir()), case  # no run directory left behind
+    assert sorted(p.name for p in bad["tmp"].iterdir()) == before  # nothing created or removed beside them
