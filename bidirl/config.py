@@ -281,10 +281,16 @@ def _parse_overrides(overrides: List[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"command line: override {item!r} is not of the form key=value")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"command line: cannot parse overrides: {exc.msg}") from None
+    for item in overrides:  # one at a time, so that the error names the culprit
+        try:
+            OmegaConf.from_dotlist([item])
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"command line: cannot parse override {item!r}: {exc.msg}") from None
+        except yaml.YAMLError as exc:  # the value is read as YAML: an unclosed quote, a control character
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"command line: override {item!r}: its value is not valid YAML ({problem}); "
+                              "quote it") from None
+    return OmegaConf.from_dotlist(list(overrides))
 
 
 def _merge(base: DictConfig, extra: DictConfig, source: str) -> DictConfig:
@@ -296,6 +302,8 @@ def _merge(base: DictConfig, extra: DictConfig, source: str) -> DictConfig:
         raise ConfigError(_wrong_type_message(exc, source)) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{source}: {exc.msg}") from None
+    except (TypeError, ValueError) as exc:  # e.g. a mapping where the schema has a list ("stages: {}")
+        raise ConfigError(f"{source}: {exc} (a section or list where the schema has the other kind?)") from None
 
 
 def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:

@@ -15,6 +15,10 @@ class BidirlError(Exception):
 
     exit_code = 2
 
+    def __init__(self, message: str = "") -> None:
+        # one line, whatever the culprit holds (a key or value typed with a newline in it)
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
 
 class RunFailed(BidirlError):
     """A run that started and then failed (a crashed rank, a lost peer): not bad input, exit code 1."""
