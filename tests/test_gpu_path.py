@@ -157,6 +157,18 @@ def test_launching_on_cuda_without_a_gpu_is_one_line():
         check_gpus(gpu_config("cluster.devices=2"), Topology())
 
 
+def test_cpu_workers_may_share_cores_with_a_warning_but_not_crowd_them(monkeypatch, capsys):
+    from bidirl.runtime.launch import check_devices
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    check_devices(small_config("cluster.devices=2"), Topology())
+    assert capsys.readouterr().err == ""
+    check_devices(small_config("cluster.devices=3"), Topology())  # the CI machine's 3-device tests
+    assert "3 CPU device workers share 2 cores" in capsys.readouterr().err
+    with pytest.raises(BidirlError, match="cluster.devices=9: .* 9 CPU device workers on 2 cores"):
+        check_devices(small_config("cluster.devices=9"), Topology())
+
+
 # ---- communicators -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("devices,expected", [(8, 9), (32, 33), (1024, 1025)])

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 RUN_PATH_VARIABLE = "BIDIRL_RUN_PATH"  # where the controller writes the run (else a new run directory)
 PRIOR_VARIABLE = "BIDIRL_PRIOR_ESTIMATES"  # the controller's starting estimates, as JSON (see prior_from_environment)
+CPU_OVERSUBSCRIPTION = 4  # CPU device workers per core before a launch is refused: beyond this they mostly wait
 
 
 @dataclass
@@ -108,16 +109,21 @@ def check_memory(cfg: PipelineConfig, model_path: str) -> "DeviceBudget":
 
 
 def check_devices(cfg: PipelineConfig, topo: Topology) -> None:
-    """The devices this node must run exist: a GPU per device worker (cuda), or a core per device
-    worker (cpu: each runs one thread; more processes than cores only queue for them)."""
+    """The devices this node must run exist: a GPU per device worker (cuda), or cores enough for the
+    CPU device workers. Each CPU worker runs one thread, so a few more workers than cores only queue
+    for them (a warning: timings are distorted, results are not); many more would crawl (an error)."""
     if cfg.cluster.device_type == "cuda":
         check_gpus(cfg, topo)
         return
     workers = processes_on_node(cfg, topo) - (topo.node_rank == 0)
     cores = os.cpu_count() or 1
-    if workers > cores:
+    if workers > CPU_OVERSUBSCRIPTION * cores:
         raise BidirlError(f"cluster.devices={cfg.cluster.devices}: this node would run {workers} CPU device workers "
-                          f"but has {cores} cores (one thread per device); lower cluster.devices or add nodes")
+                          f"on {cores} cores (one thread per device, at most {CPU_OVERSUBSCRIPTION} per core); "
+                          "lower cluster.devices or add nodes")
+    if workers > cores:
+        print(f"warning: {workers} CPU device workers share {cores} cores: they take turns, so measured times "
+              "(and the schedules built on them) are slower than on a core each", file=sys.stderr)
 
 
 def check_gpus(cfg: PipelineConfig, topo: Topology) -> None:
