@@ -57,7 +57,7 @@ def assign_advantages(samples: Sequence[Sample], std_normalize: bool = True) -> 
             sample.advantage = adv
 
 
-CORRECTIONS = ("decoupled", "naive")
+CORRECTIONS = ("decoupled", "naive", "none")
 
 
 def policy_loss(
@@ -70,7 +70,8 @@ def policy_loss(
 
     ``correction``: "decoupled" (the module docstring); "naive" is plain PPO whose old policy is the
     behaviour policy -- ``rho = pi_theta / mu``, clipped at 1 +- eps_c, no ``w`` -- so a stale token whose
-    ratio left the clip range gives no gradient at all (the negative control of the convergence study).
+    ratio left the clip range gives no gradient at all. "none" ignores staleness: stale samples are
+    trained as if fresh (``w = 1``, ``rho = 1``), plain REINFORCE on old samples (a negative control).
     The statistics: the mean importance weight (``w``; naive: ``rho``) and the fraction of tokens it was
     cut at (``w_max``; naive: outside the clip range).
     """
@@ -81,6 +82,11 @@ def policy_loss(
         ratio = torch.exp(logp - prox)
         weight = torch.ones_like(ratio)
         shown, cut = ratio.detach(), (ratio.detach() - 1).abs() > clip_eps
+    elif correction == "none":
+        prox = logp.detach()
+        ratio = torch.exp(logp - prox)
+        weight = torch.ones_like(ratio)
+        shown, cut = torch.exp(prox - behaviour_logp), torch.zeros_like(ratio, dtype=torch.bool)
     else:
         prox = logp.detach()
         ratio = torch.exp(logp - prox)

@@ -78,3 +78,13 @@ def test_naive_ppo_drops_stale_tokens_outside_the_clip_range_where_the_decoupled
     decoupled["loss"].backward()
     assert logp.grad[0, 1] != 0  # weighted by min(e^2, w_max) instead
     assert decoupled["stats"]["importance_weight_clipped"] == pytest.approx(0.5)  # e^2 > 5: cut at the cap
+
+
+def test_without_a_correction_a_stale_token_teaches_exactly_what_a_fresh_one_would():
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    stale = torch.tensor([[-1.0, -3.0]])
+    mask = torch.ones_like(logp)
+    none = policy_loss(logp, stale, torch.tensor([1.0]), mask, 0.2, "token_mean", 2, 1, correction="none")
+    none["loss"].backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5]]))  # both tokens: -A / total_tokens
+    assert none["stats"]["importance_weight_clipped"] == 0

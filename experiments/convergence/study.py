@@ -13,6 +13,8 @@ steps, hence the same number of samples:
   async-eta{E}         2 devices, fixed 1/1 split, staleness <= E: the same eta without borrowing
   async-eta4-naive     async at eta 4 with the decoupled-PPO correction off (naive PPO on stale
                        samples): the negative control -- does the study detect a convergence effect?
+  {mode}-eta{E}-naive  any of the above with algorithm.correction=naive (PPO clipped around the
+                       behaviour policy), or -none (no correction: stale samples trained as fresh)
 
 E in {0, 1, 2, 4}. Seeds are RL seeds (sampling, prompt order); every arm starts from the one base model
 (``model.tiny.seed`` stays 0). Held-out accuracy is greedy, on ``data.eval_size=2000`` problems (standard
@@ -42,14 +44,16 @@ PIPELINE = "pipelines/cpu-tiny.yaml"
 COMMON = ["data.eval_size=2000", "logging.wandb_mode=disabled", "logging.progress=false",
           "launch.chunk_groups=32"]  # four chunks per batch: something to stream, migrate and lend
 ETAS = (0, 1, 2, 4)
+CORRECTIONS = {"": [], "-naive": ["algorithm.correction=naive"], "-none": ["algorithm.correction=none"]}
 ARMS = {"sync": ["cluster.devices=1", "launch.mode=sync"]}
-for _eta in ETAS:
-    ARMS[f"bidirl-eta{_eta}"] = ["cluster.devices=2", "launch.mode=bidirl", f"algorithm.staleness={_eta}"]
-for _eta in ETAS:
-    ARMS[f"async-eta{_eta}"] = ["cluster.devices=2", "cluster.rollout_devices=1", "launch.mode=async",
-                                f"algorithm.staleness={_eta}"]
-ARMS["async-eta4-naive"] = ARMS["async-eta4"] + ["algorithm.correction=naive"]
-
+for _suffix, _correction in CORRECTIONS.items():
+    for _eta in ETAS:
+        ARMS[f"bidirl-eta{_eta}{_suffix}"] = ["cluster.devices=2", "launch.mode=bidirl",
+                                             f"algorithm.staleness={_eta}", *_correction]
+        ARMS[f"async-eta{_eta}{_suffix}"] = ["cluster.devices=2", "cluster.rollout_devices=1", "launch.mode=async",
+                                            f"algorithm.staleness={_eta}", *_correction]
+# what a plain `study.py` runs: the arms (the default correction) and its negative control
+DEFAULT_ARMS = ["sync", *(f"{mode}-eta{eta}" for mode in ("bidirl", "async") for eta in ETAS), "async-eta4-naive"]
 
 def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -159,7 +163,7 @@ def plot(results: dict, path: Path) -> Path:
     etas = [e for e in ETAS if any(a in results for a in (f"bidirl-eta{e}", f"async-eta{e}"))] or [0]
     fig, axes = plt.subplots(1, len(etas), figsize=(4.5 * len(etas), 3.6), sharey=True, squeeze=False)
     for ax, eta in zip(axes[0], etas):
-        arms = ["sync", f"async-eta{eta}", f"bidirl-eta{eta}"] + (["async-eta4-naive"] if eta == 4 else [])
+        arms = ["sync"] + sorted(a for a in results if a != "sync" and eta_of(a) == str(eta))
         for arm in arms:
             rows = results.get(arm)
             if not rows:
@@ -194,7 +198,8 @@ def write_report(steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"comma-separated, of: {', '.join(ARMS)} (default: the issue's arms)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run (the CPU default's 200)")
     parser.add_argument("--eval-every", type=int, default=25)
