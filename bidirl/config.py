@@ -114,6 +114,10 @@ class TrainConfig:
     # the backward pass: a micro-batch never holds its full-vocabulary fp32 logits at once (0 = at once)
     logprob_chunk_tokens: int = 2048
     gradient_checkpointing: bool = False  # recompute the layers' activations in the backward pass
+    # a live run seals a checkpoint every this many versions (weights, optimizer, scheduler and data
+    # state: bidirl.runtime.checkpoints) and keeps the newest keep_checkpoints; 0 = only the final one
+    checkpoint_every: int = 25
+    keep_checkpoints: int = 3
 
 
 @dataclass
@@ -130,8 +134,8 @@ class AlgorithmConfig:
     # in (veRL fully-async's trigger_parameter_sync_step); used by verl-async only, simulated only
     updates_per_sync: int = 1
     format_reward: float = 0.0
-    # how stale samples are corrected: "decoupled" (AReaL's decoupled PPO, bidirl.grpo) or "naive" (PPO
-    # with the behaviour policy as the old policy: the convergence study's negative control)
+    # how stale samples are corrected (bidirl.grpo): "decoupled" (AReaL's decoupled PPO), "naive" (PPO with
+    # the behaviour policy as the old policy) or "none" (stale samples trained as fresh)
     correction: str = "decoupled"
 
 
@@ -165,6 +169,9 @@ class LaunchConfig:
     # several nodes (cluster.nnodes > 1): node 0's host:port, where every node's torchrun meets (static
     # rendezvous; node 0 also runs the controller). ``bidirl launch --rdzv-endpoint`` overrides it
     rdzv_endpoint: str = ""
+    # torchrun restarts the whole worker group this many times after a process dies; each restart
+    # resumes from the run's latest good checkpoint (0: a dead process ends the run)
+    max_restarts: int = 2
 
 
 @dataclass
@@ -406,6 +413,9 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
         raise ConfigError(f"{source}: key 'cluster.nnodes' must be at least 1")
     if cfg.launch.lease_timeout_s < 0:
         raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")
+    for key in ("train.checkpoint_every", "train.keep_checkpoints", "launch.max_restarts"):
+        if OmegaConf.select(node, key) < 0:
+            raise ConfigError(f"{source}: key '{key}' must be 0 or more; got {OmegaConf.select(node, key)}")
     if cfg.cluster.replan_every < 0:
         raise ConfigError(f"{source}: key 'cluster.replan_every' must be 0 (never) or a number of steps")
     if not 0 < cfg.rollout.gpu_memory_utilization < 1:

@@ -169,3 +169,13 @@ class PromptSampler:
                 self.rng.shuffle(self.order)
             batch.append(self.problems[self.order.pop()])
         return batch
+
+    def skip(self, count: int) -> None:
+        """Advances past ``count`` problems exactly as drawing them would (a resumed run's data cursor)."""
+        while count > 0:
+            if not self.order:
+                self.order = list(range(len(self.problems)))
+                self.rng.shuffle(self.order)
+            taken = min(count, len(self.order))
+            del self.order[len(self.order) - taken:]
+            count -= taken

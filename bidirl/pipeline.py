@@ -142,7 +142,8 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     chosen = live_partition(cfg)
     cfg = load_config(resolved, chosen)
     out = run.path / "launch"
-    code = launch(str(resolved), chosen, cfg, topology_of(cfg), prior=live_prior(cfg), run_path=str(out))
+    code = launch(str(resolved), chosen, cfg, topology_of(cfg), prior=live_prior(cfg), run_path=str(out),
+                  resume=bool(state.get("resume")))
     if code:
         raise RunFailed(f"launch: the runtime exited with code {code} (its output is above; its files: {out})")
     summary = json.loads((out / "summary.json").read_text())
@@ -301,14 +302,28 @@ def wandb_group(name: str) -> Iterator[None]:
 
 
 def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Optional[str] = None,
-                 only: bool = False) -> RunDir:
+                 only: bool = False, resume: bool = False) -> RunDir:
     """The pipeline's stages into a new run directory; or, with ``run_dir`` and ``first`` (``--from`` /
     ``--only``), stage ``first`` (and, unless ``only``, the stages after it) again into that existing
-    directory, the earlier stages' outputs reused and the re-run stages' old outputs kept aside."""
+    directory, the earlier stages' outputs reused and the re-run stages' old outputs kept aside.
+    ``resume`` (``--resume RUN``): the launch stage continues its run from its latest good checkpoint,
+    and the stages after it run again."""
     check_stages_built(cfg)
     prepare_process(cfg.cluster.device_type)
     stages = list(cfg.stages)
-    if first is not None:
+    if resume:
+        if "launch" not in stages:
+            raise BidirlError(f"--resume: pipeline '{cfg.name}' has no launch stage to resume")
+        from bidirl.runtime.launch import check_resumable
+
+        check_resumable(str(Path(run_dir) / "launch") if run_dir else None)
+        stages = rerun_stages(cfg, "launch", False)
+        cfg, summary = restored(cfg, run_dir, "launch")
+        preflight(dataclasses.replace(cfg, stages=stages))
+        run = RunDir.existing(cfg, run_dir)
+        say(f"run directory: {run.path} (resuming its launch stage)")
+        set_aside(run.path, [s for s in stages if s != "launch"])
+    elif first is not None:
         stages = rerun_stages(cfg, first, only)
         cfg, summary = restored(cfg, run_dir, first)
         preflight(dataclasses.replace(cfg, stages=stages))
@@ -320,7 +335,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
         run = RunDir(cfg)
         summary = {"stages": stages}
         say(f"run directory: {run.path}")
-    state: State = {"summary": summary, "cfg": cfg, "run": run}
+    state: State = {"summary": summary, "cfg": cfg, "run": run, "resume": resume}
     if first is not None and (run.path / "launch" / "summary.json").is_file() and "launch" not in stages:
         summary.setdefault("launch", {})["dir"] = str(run.path / "launch")  # compare reuses it
     try:

@@ -34,8 +34,7 @@ class RunDir:
         pipeline's run directory), which must not exist yet."""
         try:
             if path is None:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                self.path = _unique(Path(root or cfg.output_dir) / f"{cfg.name}-{stamp}")
+                self.path = new_run_path(cfg, root)
                 self.path.mkdir(parents=True)
             else:
                 self.path = Path(path)
@@ -61,10 +60,36 @@ class RunDir:
         a new W&B run joins the directory's group."""
         run = cls.__new__(cls)
         run.path = Path(path)
-        (run.path / f"config.rerun-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(to_yaml(cfg))
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        (run.path / f"config.rerun-{stamp}.yaml").write_text(to_yaml(cfg))
         run._metrics = open(run.path / "metrics.jsonl", "a", buffering=1)
         try:
-            run._wandb = _start_wandb(cfg, run.path)
+            run._wandb = _start_wandb(cfg, run.path, rerun=stamp)
+        except BidirlError:
+            run._metrics.close()
+            raise
+        run.started = time.time()
+        return run
+
+    @classmethod
+    def resumed(cls, cfg: PipelineConfig, path: str | Path, version: int) -> "RunDir":
+        """A run directory whose run continues from its checkpoint at ``version``: metrics rows of later
+        steps (trained before a crash, then lost with it) move to ``metrics.rolled-back.jsonl``, so every
+        step appears once; the resumed config goes beside the original; W&B resumes the same run."""
+        run = cls.__new__(cls)
+        run.path = Path(path)
+        metrics = run.path / "metrics.jsonl"
+        rows = metrics.read_text().splitlines() if metrics.exists() else []
+        kept = [r for r in rows if json.loads(r).get("step", 0) <= version]
+        later = [r for r in rows if json.loads(r).get("step", 0) > version]
+        if later:
+            with open(run.path / "metrics.rolled-back.jsonl", "a") as out:
+                out.write("\n".join(later) + "\n")
+        _write_atomic(metrics, "".join(r + "\n" for r in kept))
+        (run.path / f"config.resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(to_yaml(cfg))
+        run._metrics = open(metrics, "a", buffering=1)
+        try:
+            run._wandb = _start_wandb(cfg, run.path, resume=True)
         except BidirlError:
             run._metrics.close()
             raise
@@ -106,7 +131,13 @@ class RunDir:
             self._wandb = None
 
 
-def _start_wandb(cfg: PipelineConfig, path: Path) -> Any:
+def new_run_path(cfg: PipelineConfig, root: Optional[Path] = None) -> Path:
+    """``<root or output_dir>/<name>-<stamp>``, unused so far (not created)."""
+    return _unique(Path(root or cfg.output_dir) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _start_wandb(cfg: PipelineConfig, path: Path, resume: bool = False, rerun: str = "") -> Any:
+    """``resume``: continue the directory's own W&B run; ``rerun``: a new run of the same directory."""
     if cfg.logging.wandb_mode == "disabled":
         return None
     import wandb
@@ -120,11 +151,21 @@ def _start_wandb(cfg: PipelineConfig, path: Path) -> Any:
             group=os.environ.get(WANDB_GROUP_VARIABLE) or path.name,  # a pipeline's or compare's runs, together
             dir=str(path),
             mode=cfg.logging.wandb_mode,
+            # a resumed run continues its own W&B run; a re-run of some stages is a new one
+            id=_wandb_id(path) + (f"-{rerun}" if rerun else ""), resume="allow" if resume else None,
             config=OmegaConf.to_container(OmegaConf.structured(cfg)),
         )
     except Exception as exc:  # e.g. online mode without an API key fails at once
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BidirlError(f"logging.wandb_mode={cfg.logging.wandb_mode}: W&B did not start ({first})") from None
+
+
+def _wandb_id(path: Path) -> str:
+    """One W&B run id per run directory (its name, and a hash of where it is: names repeat across roots)."""
+    import hashlib
+
+    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:8]
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(path).name)[-40:] + "-" + digest
 
 
 def _flat(items: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:

@@ -69,6 +69,8 @@ def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
                                                  "existing run directory (--run-dir)."),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run directory --from/--only "
                                                "continue (default: this pipeline's newest under output_dir)."),
+        resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory: its launch "
+                                              "stage from the latest good checkpoint, then the stages after it."),
         debug: bool = DEBUG) -> None:
     """Run a pipeline's stages in order (prepare_model -> profile -> plan -> launch ...) into one run directory."""
     from bidirl.pipeline import dry_run as check, latest_run, run_pipeline
@@ -77,8 +79,11 @@ def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
         cfg = _config(pipeline, overrides)
         if dry_run:
             return check(cfg, str(pipeline), list(overrides or []))
-        if from_stage and only_stage:
-            raise BidirlError("--from and --only: give one of them")
+        if sum(x is not None for x in (from_stage, only_stage, resume)) > 1:
+            raise BidirlError("--from, --only and --resume: give one of them")
+        if resume is not None:
+            run_pipeline(cfg, resume, resume=True)
+            return
         first = from_stage or only_stage
         if first is None:
             run_pipeline(cfg)
@@ -129,6 +134,8 @@ def launch(
                                                       "+ 1 for the controller on node 0)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                 help="host:port of node 0 (default: launch.rdzv_endpoint)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory from its latest "
+                                          "good checkpoint (same pipeline and overrides; train.steps may grow)."),
     debug: bool = DEBUG,
 ) -> None:
     """Start the hot-switch runtime through torchrun: a controller plus cluster.devices device workers."""
@@ -136,16 +143,19 @@ def launch(
 
     def action() -> None:
         from bidirl.planner import live_partition, live_prior
-        from bidirl.runtime.launch import check_devices, check_plan
+        from bidirl.runtime.launch import check_devices, check_plan, check_resumable
 
         chosen = list(overrides or [])
         asked = _config(pipeline, chosen)
+        if resume is not None:
+            check_resumable(str(resume))
         check_plan(asked)  # impossible settings and missing devices: one line, before any note or download
         check_devices(asked, topology_of(asked, nnodes, node_rank, nproc_per_node, rdzv_endpoint))
         chosen += live_partition(asked)  # cluster.rollout_devices=0: the planner's split
         cfg = _config(pipeline, chosen)
         topology = topology_of(cfg, nnodes, node_rank, nproc_per_node, rdzv_endpoint)
-        code = start(str(pipeline), chosen, cfg, topology, prior=live_prior(cfg))
+        code = start(str(pipeline), chosen, cfg, topology, prior=live_prior(cfg),
+                     run_path=str(resume) if resume is not None else None, resume=resume is not None)
         if code:
             raise typer.Exit(code)
 

@@ -29,6 +29,7 @@ def files(tmp: Path) -> dict:
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["plan", "launch"]}))
     (run / "plan.json").write_text("{broken")
+    (run / "config.yaml").write_text("name: old\n")
     return {"tmp": tmp}
 
 
@@ -47,6 +48,7 @@ CASES = {
     "negative devices": (["launch", TINY, "cluster.devices=-2"], "cluster.devices"),
     "absurd memory share": (["run", TINY, "rollout.gpu_memory_utilization=5"], "rollout.gpu_memory_utilization"),
     "negative lease timeout": (["launch", TINY, "launch.lease_timeout_s=-1"], "launch.lease_timeout_s"),
+    "negative checkpoint interval": (["launch", TINY, "train.checkpoint_every=-5"], "train.checkpoint_every"),
     # more devices than exist, impossible partitions and staleness
     "more CPU devices than cores": (["launch", TINY, "cluster.devices=64", "launch.mode=async"], "cluster.devices=64"),
     "no GPU here": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "cluster.device_type=cuda",
@@ -70,6 +72,11 @@ CASES = {
     "corrupt plan": (["run", TINY, "stages=[plan,launch]", "--from", "launch", "--run-dir", "{tmp}/old-run"],
                      "plan.json"),
     "not a run directory": (["run", TINY, "--only", "evaluate", "--run-dir", "{tmp}/a-file"], "a-file"),
+    # resuming what cannot be resumed
+    "resume a file": (["launch", TINY, "--resume", "{tmp}/a-file"], "a-file: not a run directory"),
+    "resume a run without checkpoints": (["launch", TINY, "--resume", "{tmp}/old-run"], "no checkpoint yet"),
+    "resume a pipeline run without its launch": (["run", TINY, "stages=[plan,launch]", "--resume", "{tmp}/old-run"],
+                                                 "old-run/launch: not a run directory"),
     # names
     "unknown policy": (["simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,bidirll"], "bidirll"),
     "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),

@@ -149,13 +149,17 @@ class TorchTrainEngine:
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        self.model.save_pretrained(tmp, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        state = {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "version": self.version}
-        self.torch.save(state, tmp / OPTIMIZER_FILE)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        state = {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "version": self.version,
+                 "rng": self.torch.get_rng_state()}
+        try:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            self.torch.save(state, tmp / OPTIMIZER_FILE)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # (gone already once renamed)
 
     def load(self, directory: str) -> None:
         model, _ = load_model(directory, "float32")
@@ -167,3 +171,5 @@ class TorchTrainEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.version = int(state["version"])
+        if "rng" in state:
+            self.torch.set_rng_state(state["rng"].cpu())

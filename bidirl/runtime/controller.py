@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter, deque
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
@@ -64,8 +65,10 @@ from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
 from bidirl.prompts import PromptBuilder
 from bidirl.rundir import RunDir
+from bidirl.runtime import checkpoints
 from bidirl.runtime import protocol as msg
 from bidirl.runtime.batches import Batch, RolloutData, StreamedBatch, by_group
+from bidirl.runtime.checkpoints import Checkpoint
 from bidirl.runtime.placement import mapping_table
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
@@ -108,9 +111,11 @@ class StepInProgress:
 class Controller:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, run: RunDir, devices: int, tokenizer: Any,
                  prior: Tuple[Optional[Estimates], str] = (None, "none"),
-                 choose: Optional[Callable[[float], int]] = None):
+                 choose: Optional[Callable[[float], int]] = None, resume: Optional[Checkpoint] = None,
+                 restart: int = 0):
         """``prior``: the cost estimates to start from and their source. ``choose``: mean response
-        length -> rollout devices (the planner, from the layer above), for ``cluster.replan_every``."""
+        length -> rollout devices (the planner, from the layer above), for ``cluster.replan_every``.
+        ``resume``: the sealed checkpoint this run continues from (``restart``: torchrun's restart count)."""
         self.cfg, self.mailbox, self.devices = cfg, mailbox, devices
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
@@ -124,12 +129,16 @@ class Controller:
                                              choose)
         assembly = assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), self.measured, self.replanner)
         self.policy, self.cluster = assembly.policy, assembly.cluster
-        self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
-                                              migrates=self.cluster.allows_migration and self.policy.migrates
-                                              and devices > 1))
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
         self.data.sampler  # reads the problems now, before the run's clock starts
         self.report = RunReport(cfg, run)
+        self.checkpoints_due: Dict[int, Dict[str, Any]] = {}  # version -> controller state, trainer saving
+        if resume is not None:
+            self.resume_from(resume, restart)
+        self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
+                                              migrates=self.cluster.allows_migration and self.policy.migrates
+                                              and devices > 1, resume_from=str(resume.path) if resume else "",
+                                              resume_version=resume.version if resume else 0))
         # transfers not yet reported done by every member: a step's reduction ("train"), a weight broadcast
         # ("sync"), a joining trainer's state ("pair"); and sends held so the two communicator families
         # never run at once (exclusive)
@@ -165,7 +174,8 @@ class Controller:
             self.dispatch(ev.Started())
             with progress_bar(f"GRPO ({self.policy.label})", self.cfg.train.steps, self.cfg.logging.progress) as bar:
                 self.bar = bar
-                while not self.cluster.finished:
+                bar(self.cluster.version)  # (a resumed run starts part way)
+                while not self.cluster.finished or self.checkpoints_due:
                     reply = self.mailbox.next_event(timeout=self.lease_wait())
                     events = [self.expire_overdue_lease()] if reply is None else self.translate(reply)
                     for event in filter(None, events):
@@ -173,8 +183,10 @@ class Controller:
                         self.cluster.complete(event)
                         if isinstance(event, ev.ChunkDone) and self.step is not None and self.step.stream:
                             self.feed_stream()
+                        if isinstance(event, ev.TrainDone):
+                            self.checkpoint_if_due()  # before the policy sends the primary anything new
                         self.dispatch(event)
-            rl_seconds = self.report.elapsed()
+            rl_seconds = self.report.rl_seconds()
             checkpoint = self.ask(self.cluster.primary, msg.SaveCheckpoint(str(self.report.run.path / "checkpoint")),
                                   msg.CheckpointSaved)
             curve = self.evaluate()
@@ -335,11 +347,64 @@ class Controller:
         self.collective_done("pair", -1 - reply.to)
         return None
 
+    def _checkpoint_saved(self, reply: msg.CheckpointSaved) -> None:
+        """The primary wrote a periodic checkpoint's weights and optimizer: seal it (checksums, fsync,
+        rename) with the controller's state at that version, and drop the oldest beyond the last K."""
+        state = self.checkpoints_due.pop(reply.version)
+        if reply.error:
+            raise BidirlError(f"checkpoint {checkpoints.name_of(reply.version)}: the primary trainer could not write "
+                              f"{reply.path} ({reply.error}); free space or fix the run directory, then resume "
+                              f"with --resume {self.report.run.path}")
+        sealed = checkpoints.seal(Path(reply.path), state, self.cfg.train.keep_checkpoints)
+        self.report.checkpoints.append({"version": reply.version, "t": round(self.report.rl_seconds(), 3),
+                                        "path": str(sealed), "seconds": round(reply.seconds, 3)})
+        return None
+
     TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsHandedOver: _groups_handed_over,
                  msg.RoleSwitched: _role_switched,
                  msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
                  msg.GradsComputed: _grads_computed,
-                 msg.TrainStateShared: _train_state_shared}
+                 msg.TrainStateShared: _train_state_shared, msg.CheckpointSaved: _checkpoint_saved}
+
+    # ---- checkpoints and resume --------------------------------------------------------------------
+    def checkpoint_if_due(self) -> None:
+        """Every ``train.checkpoint_every`` versions and at the last one (so a finished run can be
+        extended: ``--resume`` with more ``train.steps``): the primary saves its state first, before any
+        later command can change it (its queue is FIFO)."""
+        version, every = self.cluster.version, self.cfg.train.checkpoint_every
+        if not every or (version % every and version < self.cfg.train.steps):
+            return
+        self.checkpoints_due[version] = self.checkpoint_state()
+        self.mailbox.send(self.cluster.primary,
+                          msg.SaveCheckpoint(str(checkpoints.partial_path(self.report.run.path, version))))
+
+    def checkpoint_state(self) -> Dict[str, Any]:
+        """The controller's half of a checkpoint at the version just made. Groups admitted but not yet
+        trained are not kept: a resume regenerates them with the checkpoint's weights (the stated rule;
+        their count is logged as ``discarded_groups``). The data cursor is the number of groups trained,
+        ``version * B``: the prompt sampler is seeded, so it is redrawn to there."""
+        cluster = self.cluster
+        return {"version": cluster.version, "seed": self.cfg.seed, "groups_per_step": cluster.B,
+                "drawn_groups": cluster.version * cluster.B, "trained_groups": cluster.trained_groups,
+                "untrained_groups": cluster.admitted - cluster.trained_groups,
+                "staleness": {str(k): v for k, v in cluster.staleness.items()},
+                "homes": [d.home.value for d in cluster.devices], "policy": self.policy.label,
+                "report": self.report.checkpoint_state(cluster.version)}
+
+    def resume_from(self, resume: Checkpoint, restart: int) -> None:
+        state = resume.state
+        if state["groups_per_step"] != self.cluster.B:
+            raise BidirlError(f"{resume.path}: the checkpoint trained {state['groups_per_step']} prompts per step, this "
+                              f"run is configured for {self.cluster.B} (train.prompts_per_step)")
+        if resume.version >= self.cfg.train.steps:
+            raise BidirlError(f"{resume.path}: the checkpoint is at version {resume.version}, and train.steps="
+                              f"{self.cfg.train.steps}: nothing is left to train (raise train.steps to continue)")
+        self.cluster.resume_at(resume.version, {int(k): v for k, v in state["staleness"].items()})
+        self.data.sampler.skip(state["drawn_groups"])
+        self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),
+                                   "discarded_groups": state["untrained_groups"], "restart": restart})
+        say(f"resuming from {resume.path} (version {resume.version}; {state['untrained_groups']} groups generated "
+            "but not trained there are generated again)")
 
     def check_replicas_agree(self) -> None:
         """Every home trainer stepped the same update on the same state: their weights agree (a device

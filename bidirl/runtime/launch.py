@@ -24,7 +24,8 @@ from bidirl.sched.estimates import Estimates
 if TYPE_CHECKING:
     from bidirl.perf.memory import DeviceBudget
 
-RUN_PATH_VARIABLE = "BIDIRL_RUN_PATH"  # where the controller writes the run (else a new run directory)
+RUN_PATH_VARIABLE = "BIDIRL_RUN_PATH"  # where the controller writes the run (a restarted controller: the same)
+RESUME_VARIABLE = "BIDIRL_RESUME"  # "1": continue the run in RUN_PATH from its latest good checkpoint
 PRIOR_VARIABLE = "BIDIRL_PRIOR_ESTIMATES"  # the controller's starting estimates, as JSON (see prior_from_environment)
 CPU_OVERSUBSCRIPTION = 4  # CPU device workers per core before a launch is refused: beyond this they mostly wait
 
@@ -65,7 +66,8 @@ def processes_on_node(cfg: PipelineConfig, topo: Topology) -> int:
 
 def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology) -> List[str]:
     nproc = processes_on_node(cfg, topo)
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={topo.nnodes}", f"--nproc-per-node={nproc}"]
+    # torchrun itself, ending a failed run in one line (bidirl.runtime.elastic)
+    command = [sys.executable, "-m", "bidirl.runtime.elastic", f"--nnodes={topo.nnodes}", f"--nproc-per-node={nproc}"]
     if topo.nnodes == 1 and not topo.rdzv_endpoint:
         command.append("--standalone")
     else:
@@ -74,6 +76,8 @@ def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, t
         host, _, port = (topo.rdzv_endpoint or "127.0.0.1:29400").rpartition(":")
         command += [f"--node-rank={topo.node_rank}", "--rdzv-backend=static", f"--master-addr={host}",
                     f"--master-port={port}"]
+    # a dead process restarts the whole group, which resumes from the latest checkpoint (runtime.main)
+    command.append(f"--max-restarts={cfg.launch.max_restarts}")
     return command + ["-m", "bidirl.torchrun_main", cfg_path, *overrides]
 
 
@@ -145,15 +149,21 @@ def check_gpus(cfg: PipelineConfig, topo: Topology) -> None:
 
 
 def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topology,
-           prior: Tuple[Optional[Estimates], str] = (None, "none"), run_path: Optional[str] = None) -> int:
+           prior: Tuple[Optional[Estimates], str] = (None, "none"), run_path: Optional[str] = None,
+           resume: bool = False) -> int:
     """Starts torchrun and waits for it. ``prior``: the cost estimates the controller starts from and
     where they come from (the planner's :func:`~bidirl.planner.live_prior`). ``run_path``: the folder
     the controller writes the run into (the ``launch`` stage's, inside a pipeline's run directory);
-    default a new run directory under ``output_dir``."""
+    default a new run directory under ``output_dir``, named now so that a restarted controller finds it.
+    ``resume``: ``run_path`` is an existing run, to continue from its latest good checkpoint."""
     from bidirl.models.sources import prepare_model
     from bidirl.runtime_env import prepare_process
     from bidirl.ui import say
 
+    from bidirl.rundir import new_run_path
+
+    if resume:
+        check_resumable(run_path)
     check_plan(cfg)
     check_devices(cfg, topo)  # before anything is downloaded
     prepare_process(cfg.cluster.device_type)
@@ -163,11 +173,22 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     env = {**os.environ, "BIDIRL_MODEL_PATH": model.path}
     env.setdefault("OMP_NUM_THREADS", "1")
     env[PRIOR_VARIABLE] = encode_prior(prior)
-    if run_path:
-        env[RUN_PATH_VARIABLE] = run_path
+    env[RUN_PATH_VARIABLE] = str(run_path or new_run_path(cfg))
+    env[RESUME_VARIABLE] = "1" if resume else ""
     command = torchrun_command(cfg_path, overrides, cfg, topo)
     say("launching: " + " ".join(command[1:]))
     return subprocess.call(command, env=env)
+
+
+def check_resumable(run_path: Optional[str]) -> None:
+    """``--resume RUN``: a run directory with a sealed checkpoint, checked before anything starts."""
+    from bidirl.runtime.checkpoints import FOLDER, sealed
+
+    if not run_path or not os.path.isdir(run_path) or not os.path.isfile(os.path.join(run_path, "config.yaml")):
+        raise BidirlError(f"--resume {run_path}: not a run directory (no config.yaml there)")
+    if not sealed(os.path.join(run_path, FOLDER)):
+        raise BidirlError(f"--resume {run_path}: the run has no checkpoint yet ({FOLDER}/v*/; "
+                          "train.checkpoint_every sets how often a run writes one)")
 
 
 def encode_prior(prior: Tuple[Optional[Estimates], str]) -> str:

@@ -45,43 +45,66 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
         raise BidirlError(f"cluster.devices={cfg.cluster.devices} but torchrun started {devices} device ranks "
                           f"(+1 controller); pass --nproc-per-node accordingly")
     model_path = os.environ["BIDIRL_MODEL_PATH"]
+    # torchrun keeps its store across restarts of the worker group: each attempt gets its own key space
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    prefix = f"bidirl/{restart}"
     store, _, _ = next(dist.rendezvous("env://"))
-    store = dist.PrefixStore("bidirl", store)
+    store = dist.PrefixStore(prefix, store)
     store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
     mailbox = Mailbox(store)
     if rank == 0:
         choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
-        return _control(cfg, mailbox, devices, model_path, choose)
+        return _control(cfg, mailbox, devices, model_path, choose, restart)
     from bidirl.runtime.worker import Worker
 
     # the weight sender/receiver thread gets its own store connection: threads never share a socket
-    receiver_store = dist.PrefixStore("bidirl", next(dist.rendezvous("env://"))[0])
+    receiver_store = dist.PrefixStore(prefix, next(dist.rendezvous("env://"))[0])
     receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
     Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
            placement=describe(placement, cfg.cluster.device_type)).run()
     return 0
 
 
-def _control(cfg, mailbox, devices: int, model_path: str, choose) -> int:
+def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int) -> int:
     from transformers import AutoTokenizer
 
-    from bidirl.rundir import RunDir
     from bidirl.runtime.controller import Controller
     from bidirl.runtime.launch import prior_from_environment
     from bidirl.ui import say
 
-    from bidirl.runtime.launch import RUN_PATH_VARIABLE
-
-    run = RunDir(cfg, path=os.environ.get(RUN_PATH_VARIABLE) or None)
+    run, resume = _open_run(cfg, restart)
     say(f"run directory: {run.path}")
     try:
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
-                             prior=prior_from_environment(), choose=choose).run_all()
+                             prior=prior_from_environment(), choose=choose, resume=resume, restart=restart).run_all()
     except BaseException:
         run.finish({"status": "failed"})
         raise
     run.finish(summary)
     return 0
+
+
+def _open_run(cfg, restart: int):
+    """The run directory, and the checkpoint to resume from: ``bidirl launch --resume RUN`` asks for the
+    latest good one (there must be one); so does a restart by torchrun after a process died (none yet:
+    the run starts again from version 0, in the same directory)."""
+    from bidirl.errors import BidirlError
+    from bidirl.rundir import RunDir
+    from bidirl.runtime.checkpoints import latest_good
+    from bidirl.runtime.launch import RESUME_VARIABLE, RUN_PATH_VARIABLE
+    from bidirl.ui import say
+
+    path = os.environ.get(RUN_PATH_VARIABLE) or None
+    asked = os.environ.get(RESUME_VARIABLE) == "1"
+    if not (asked or restart) or path is None or not os.path.exists(path):
+        return RunDir(cfg, path=path), None
+    resume = latest_good(path, warn=say)
+    if resume is None and asked:
+        raise BidirlError(f"--resume {path}: it holds no good checkpoint (checkpoints/v*/ with a valid MANIFEST.json)")
+    if restart:
+        say(f"restart {restart} after a process failed: " + (f"resuming from {resume.path}" if resume
+                                                             else "no checkpoint yet, starting again from version 0"))
+    return RunDir.resumed(cfg, path, resume.version if resume else 0), resume
 
 
 def _timedelta(seconds: float):

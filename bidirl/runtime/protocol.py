@@ -48,6 +48,9 @@ class Plan:
     run_path: str
     # may the policy move requests in flight (Migrate)? Then rollout devices generate interruptibly
     migrates: bool = False
+    # a resumed run: the sealed checkpoint every device loads before it is Ready, and its version
+    resume_from: str = ""
+    resume_version: int = 0
 
 
 # ---- commands (controller -> worker) ----------------------------------------------------------
@@ -275,6 +278,7 @@ class Evaluated(Reply):
 class CheckpointSaved(Reply):
     path: str
     version: int
+    error: str = ""  # why the trainer's files could not be written (disk full, unwritable folder)
 
 
 @dataclass

@@ -38,14 +38,39 @@ class RunReport:
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
+        self.checkpoints: List[Dict[str, Any]] = []  # sealed during this run (or since its resume)
+        self.resumed: Dict[str, Any] = {}  # the checkpoint a resumed run continued from
+        self.before_s = 0.0  # RL seconds of the run before the checkpoint it resumed from
         self.t0 = time.perf_counter()
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
-        self.run.started = time.time()
+        self.run.started = time.time() - self.before_s  # metrics' time_s continues the original run's
 
     def elapsed(self) -> float:
+        """Seconds since this process started training (the scheduler's clock: the trace, the Gantt chart)."""
         return time.perf_counter() - self.t0
+
+    def rl_seconds(self) -> float:
+        """Seconds of training since the run began, a resumed run's time before its checkpoint included."""
+        return self.before_s + self.elapsed()
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def checkpoint_state(self, version: int) -> Dict[str, Any]:
+        """What the learning curve and the throughput figures need to continue after a resume."""
+        return {"snapshots": [[v, p] for v, p in self.snapshots if v <= version],
+                "version_seconds": {str(v): t for v, t in self.version_seconds.items() if v <= version},
+                "consumed_samples": self.consumed_samples, "consumed_tokens": self.consumed_tokens,
+                "rl_seconds": round(self.rl_seconds(), 4), "replica_checks": self.replica_checks}
+
+    def resume(self, state: Dict[str, Any], resumed: Dict[str, Any]) -> None:
+        report = state["report"]
+        self.snapshots = [(int(v), p) for v, p in report["snapshots"]]
+        self.version_seconds = {int(v): t for v, t in report["version_seconds"].items()}
+        self.consumed_samples, self.consumed_tokens = report["consumed_samples"], report["consumed_tokens"]
+        self.before_s, self.replica_checks = report["rl_seconds"], report["replica_checks"]
+        self.resumed = resumed
+        self.run.log(state["version"], event="resumed", **resumed)
 
     # ---- the record a replay checks -----------------------------------------------------------
     def record_batch(self, batch: Any, members: Tuple[int, ...], lent: Tuple[int, ...],
@@ -79,7 +104,7 @@ class RunReport:
         """``train_s``: the step's wall time, from its first micro-batch sent to its last device done."""
         self.consumed_samples += batch["samples"]
         self.consumed_tokens += batch["tokens"]
-        elapsed = self.elapsed()
+        elapsed = self.rl_seconds()
         self.version_seconds[primary.version] = elapsed
         last_sync = self.sync_seconds[-1] if self.sync_seconds else 0.0
         stats = {k: v for k, v in primary.stats.items() if isinstance(v, (int, float))}
@@ -130,7 +155,8 @@ class RunReport:
             "loads": len(self.loads),
             "load_median_ms": round(1000 * median(m.seconds for m in self.loads), 2),
             "switches": switches, "leases": cluster.lease_summary(), "curve": curve,
-            "replica_checks": self.replica_checks,
+            "replica_checks": self.replica_checks, "checkpoints": self.checkpoints,
+            **({"resumed": self.resumed} if self.resumed else {}),
             "steady_step_s": round(steady_step_s(cluster.version_times), 4),  # after the first few steps
             "version_times": [round(t, 3) for t in cluster.version_times],
             "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),

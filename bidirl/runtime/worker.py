@@ -77,9 +77,13 @@ class Worker:
         self.groups = Groups(store, device, devices, self.primary, self.train_homes, cfg.cluster.device_type,
                              cfg.launch.collective_timeout_s, MAIN_FAMILY)  # the main thread's own
         groups_s = time.perf_counter() - start
-        own_seed = dataclasses.replace(cfg, seed=cfg.seed + 1000 * device)  # distinct sampling per device
+        # distinct sampling per device, and after a resume not the same draws as at the run's start
+        own_seed = dataclasses.replace(cfg, seed=cfg.seed + 1000 * device + 1_000_003 * plan.resume_version)
         self.rollout = rollout or build_rollout_engine(own_seed, model_path)
         self.train = build_train_engine(cfg, model_path, private_group=store is not None)
+        if plan.resume_from:  # every device holds the checkpoint's weights (and a trainer's whole state)
+            self.train.load(plan.resume_from)
+            self.load_rollout()
         self.params = self.train.parameters()
         self.staged: Dict[int, Any] = {}  # version -> flat weights received in the background
         self.staged_ready = threading.Condition()
@@ -91,7 +95,7 @@ class Worker:
         self.handover_lock = threading.Lock()
         self.handover: Optional[Tuple[int, HandOver]] = None
         self.early_asks: Dict[int, List[msg.HandOverGroups]] = {}  # chunk not started yet -> asks for it
-        if device == self.primary:
+        if device == self.primary and not plan.resume_from:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
         self.receiver: Any = None
@@ -322,7 +326,10 @@ class Worker:
         return msg.Evaluated(results=results)
 
     def checkpoint(self, command: msg.SaveCheckpoint) -> msg.CheckpointSaved:
-        self.train.save(command.path)  # HF weights + optimizer + version, written atomically
+        try:
+            self.train.save(command.path)  # HF weights + optimizer + version, written atomically
+        except OSError as exc:  # disk full, folder not writable: the controller says so in one line
+            return msg.CheckpointSaved(path=command.path, version=self.train.version, error=exc.strerror or str(exc))
         return msg.CheckpointSaved(path=command.path, version=self.train.version)
 
     def stop(self, command: msg.Stop) -> msg.Stopped:

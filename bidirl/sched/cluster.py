@@ -172,6 +172,18 @@ class Cluster:
         self.trained_groups = 0
         self.now = 0.0
 
+    def resume_at(self, version: int, staleness: Optional[Dict[int, int]] = None) -> None:
+        """Starts the bookkeeping at ``version`` instead of 0 (a run resumed from a checkpoint): every
+        device holds that version, the first ``version * B`` groups count as admitted and trained, and
+        nothing is in flight -- groups generated but not trained before the checkpoint are regenerated.
+        ``staleness``: the histogram trained so far, carried on."""
+        assert not self.chunks and self.version == 0, "resume a cluster before it starts"
+        self.version = self.published = version
+        self.admitted = self.trained_groups = version * self.B
+        for device in self.devices:
+            device.version = version
+        self.staleness.update({int(k): v for k, v in (staleness or {}).items()})
+
     # ---- queries the policies use ------------------------------------------------------------
     def idle(self, role: Role) -> List[Device]:
         return [self.devices[i] for i in sorted(self.idle_sets[role])]

@@ -1,0 +1,119 @@
+"""Checkpoints are sealed atomically, verified before use, pruned to the last K, and a failed write
+leaves the previous ones intact. (The live kill-and-resume runs are in tests/test_faults.py.)"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+from bidirl.data import PromptSampler, Problem
+from bidirl.runtime.checkpoints import FOLDER, latest_good, partial_path, seal, sealed, verify
+
+
+def trainer_files(run: Path, version: int, payload: bytes = b"weights") -> Path:
+    """What the primary trainer writes into a partial checkpoint."""
+    partial = partial_path(run, version)
+    partial.mkdir(parents=True)
+    (partial / "model.safetensors").write_bytes(payload * 100)
+    (partial / "optimizer.pt").write_bytes(b"adam" * 50)
+    return partial
+
+
+def checkpoint(run: Path, version: int, keep: int = 3) -> Path:
+    return seal(trainer_files(run, version), {"version": version}, keep)
+
+
+def test_a_sealed_checkpoint_lists_every_file_with_its_checksum_and_leaves_no_partial_folder(tmp_path):
+    path = checkpoint(tmp_path, 5)
+    assert path.name == "v00005" and verify(path) is None
+    manifest = json.loads((path / "MANIFEST.json").read_text())
+    assert set(manifest) == {"model.safetensors", "optimizer.pt", "controller.json"}
+    assert not list((tmp_path / FOLDER).glob(".partial-*"))
+
+
+def test_only_the_newest_k_checkpoints_are_kept(tmp_path):
+    for version in (2, 4, 6, 8):
+        checkpoint(tmp_path, version, keep=2)
+    assert [p.name for p in sealed(tmp_path / FOLDER)] == ["v00006", "v00008"]
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning_for_the_one_before(tmp_path):
+    checkpoint(tmp_path, 3)
+    newest = checkpoint(tmp_path, 6)
+    weights = bytearray((newest / "model.safetensors").read_bytes())
+    weights[10] ^= 0xFF  # one flipped bit
+    (newest / "model.safetensors").write_bytes(bytes(weights))
+    warnings = []
+    found = latest_good(tmp_path, warnings.append)
+    assert found.version == 3 and found.path.name == "v00003"
+    assert warnings == [f"warning: checkpoint {newest} skipped: model.safetensors does not match its checksum"]
+
+
+def test_a_checkpoint_missing_a_file_or_its_manifest_is_not_good(tmp_path):
+    path = checkpoint(tmp_path, 3)
+    (path / "optimizer.pt").unlink()
+    assert verify(path) == "optimizer.pt is missing"
+    (path / "MANIFEST.json").unlink()
+    assert "no readable MANIFEST.json" in verify(path)
+    assert latest_good(tmp_path, lambda _: None) is None
+
+
+def test_a_partial_checkpoint_left_by_a_crash_is_never_resumed_from(tmp_path):
+    checkpoint(tmp_path, 3)
+    trainer_files(tmp_path, 6)  # the process died before sealing it
+    assert latest_good(tmp_path, lambda _: None).version == 3
+
+
+WRITE_WITH_A_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from bidirl.errors import BidirlError
+from bidirl.runtime.checkpoints import seal
+from tests.test_checkpoints import trainer_files
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+run = Path(sys.argv[1])
+partial = trainer_files(run, 6)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+try:
+    seal(partial, {"version": 6, "padding": "x" * 1000}, 3)
+except BidirlError as exc:
+    print(exc)
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_clear_error_and_the_previous_stays_intact(tmp_path):
+    previous = checkpoint(tmp_path, 3)
+    done = subprocess.run([sys.executable, "-c", WRITE_WITH_A_FILE_SIZE_LIMIT, str(tmp_path)],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert message.startswith(f"checkpoint {tmp_path / FOLDER / 'v00006'}: cannot write it (File too large)")
+    assert message.endswith("the latest checkpoint stays v00003") and "\n" not in message
+    assert verify(previous) is None and latest_good(tmp_path, lambda _: None).version == 3
+    assert not list((tmp_path / FOLDER).glob(".partial-*"))
+
+
+def test_the_data_cursor_skips_exactly_what_drawing_would_have_drawn():
+    problems = [Problem(question=str(i), answer=str(i)) for i in range(7)]
+    drawn, skipped = PromptSampler(problems, seed=3), PromptSampler(problems, seed=3)
+    drawn.next(17)  # over two epochs and into a third
+    skipped.skip(17)
+    assert [p.question for p in drawn.next(9)] == [p.question for p in skipped.next(9)]
+
+
+def test_a_resumed_run_directory_keeps_each_step_once_and_sets_later_rows_aside(tmp_path):
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    cfg = small_config("logging.wandb_mode=disabled")
+    run = RunDir(cfg, path=tmp_path / "run")
+    for step in range(1, 8):
+        run.log(step, reward_mean=0.1 * step)
+    run.close()
+    resumed = RunDir.resumed(cfg, tmp_path / "run", version=4)
+    resumed.log(5, reward_mean=0.9)
+    resumed.close()
+    steps = [json.loads(r)["step"] for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    aside = [json.loads(r)["step"] for r in (tmp_path / "run" / "metrics.rolled-back.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5] and aside == [5, 6, 7]
