@@ -31,6 +31,7 @@ from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
 from bidirl.perf.workload import PRESETS as WORKLOADS
 from bidirl.sched.assembly import LIVE, DriverCapabilities, RunShape
+from bidirl.peers import PEERS
 from bidirl.sched.policy import baseline_names, policy_names
 
 STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
@@ -134,9 +135,10 @@ class AlgorithmConfig:
     # in (veRL fully-async's trigger_parameter_sync_step); used by verl-async only, simulated only
     updates_per_sync: int = 1
     format_reward: float = 0.0
-    # how stale samples are corrected (bidirl.grpo): "decoupled" (AReaL's decoupled PPO), "naive" (PPO with
-    # the behaviour policy as the old policy) or "none" (stale samples trained as fresh)
-    correction: str = "decoupled"
+    # how stale samples are corrected (bidirl.grpo): "naive" (PPO clipped around the behaviour policy: with
+    # one optimizer step per batch the only trust region that binds), "decoupled" (AReaL's decoupled PPO)
+    # or "none" (stale samples trained as fresh)
+    correction: str = "naive"
 
 
 @dataclass
@@ -212,7 +214,8 @@ class SimConfig:
 @dataclass
 class CompareConfig:
     """``bidirl compare`` and the ``compare`` stage: bidirl against these baselines (names from
-    ``bidirl.sched.policy.baseline_names``), each at its own best split, on the same data and seeds."""
+    ``bidirl.sched.policy.baseline_names``, or a real peer system of ``bidirl.peers.PEERS``), each at its
+    own best split, on the same data and seeds."""
 
     baselines: List[str] = field(default_factory=lambda: ["verl", "areal", "roll"])
 
@@ -383,9 +386,9 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
         raise ConfigError(f"{source}: key 'sim.model' must be one of {', '.join(MODELS)}, 'pipeline' (the pipeline's "
                           f"own model.source), a model folder or config.json, or a hub id (org/name); got {model!r}")
     for name in cfg.compare.baselines:
-        if name not in baseline_names():
+        if name not in (*baseline_names(), *PEERS):
             raise ConfigError(f"{source}: unknown baseline '{name}' in 'compare.baselines' (known: "
-                              f"{', '.join(baseline_names())})")
+                              f"{', '.join((*baseline_names(), *PEERS))})")
     for policy in cfg.sim.policies:
         if policy not in policy_names():
             raise ConfigError(f"{source}: unknown policy '{policy}' in 'sim.policies' (known: {', '.join(policy_names())})")

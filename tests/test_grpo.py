@@ -30,10 +30,10 @@ def test_advantages_are_computed_within_each_prompts_group():
     assert samples[1].advantage == samples[3].advantage == 0.0
 
 
-def _loss(logp, behaviour, adv, aggregation="token_mean"):
+def _loss(logp, behaviour, adv, aggregation="token_mean", correction="naive"):
     mask = torch.ones_like(logp)
     return policy_loss(logp, behaviour, torch.tensor(adv), mask, 0.2, aggregation,
-                       int(mask.sum()), logp.shape[0])
+                       int(mask.sum()), logp.shape[0], correction=correction)
 
 
 def test_gradient_raises_log_probs_of_positive_advantage_tokens_and_lowers_negative_ones():
@@ -47,15 +47,25 @@ def test_fresh_samples_have_unit_importance_weight():
     assert _loss(logp, logp, [1.0])["stats"]["importance_weight_mean"] == pytest.approx(1.0)
 
 
-def test_stale_samples_are_reweighted_by_current_over_behaviour_probability_and_capped():
+def test_decoupled_ppo_reweights_stale_samples_by_current_over_behaviour_probability_capped():
     logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     behaviour = torch.tensor([[-1.0 - 0.5, -1.0 + 10.0]])  # one token more likely now, one far less
-    out = _loss(logp, behaviour, [1.0])
+    out = _loss(logp, behaviour, [1.0], correction="decoupled")
     out["loss"].backward()
     expected = torch.tensor([torch.exp(torch.tensor(0.5)).item(), torch.exp(torch.tensor(-10.0)).item()])
     assert torch.allclose(-logp.grad[0] * 2, expected, rtol=1e-4)
-    huge = _loss(torch.tensor([[0.0]]), torch.tensor([[-50.0]]), [1.0])
+    huge = _loss(torch.tensor([[0.0]]), torch.tensor([[-50.0]]), [1.0], correction="decoupled")
     assert huge["stats"]["importance_weight_mean"] == pytest.approx(IMPORTANCE_WEIGHT_CAP)
+
+
+def test_by_default_a_stale_token_that_already_moved_its_advantages_way_past_the_clip_teaches_nothing():
+    logp = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1.1, -1.0 - 0.5, -1.0 + 0.5]])  # ratios e^0.1 (inside), e^0.5 (past 1.2), e^-0.5
+    _loss(logp, behaviour, [1.0])["loss"].backward()
+    grads = -logp.grad[0] * 3
+    assert grads[0] == pytest.approx(torch.exp(torch.tensor(0.1)).item(), rel=1e-4)  # weighted by pi / mu
+    assert grads[1] == 0  # already 1.65x likelier than when sampled: the trust region holds it
+    assert grads[2] == pytest.approx(torch.exp(torch.tensor(-0.5)).item(), rel=1e-4)  # less likely: still pushed up
 
 
 def test_sequence_mean_weighs_each_sequence_equally_whatever_its_length():
@@ -74,7 +84,7 @@ def test_naive_ppo_drops_stale_tokens_outside_the_clip_range_where_the_decoupled
     assert logp.grad[0, 1] == 0 and logp.grad[0, 0] != 0  # rho = e^2 is clipped: that token teaches nothing
     assert naive["stats"]["importance_weight_clipped"] == pytest.approx(0.5)
     logp.grad = None
-    decoupled = policy_loss(logp, stale, torch.tensor([1.0]), mask, 0.2, "token_mean", 2, 1)
+    decoupled = policy_loss(logp, stale, torch.tensor([1.0]), mask, 0.2, "token_mean", 2, 1, correction="decoupled")
     decoupled["loss"].backward()
     assert logp.grad[0, 1] != 0  # weighted by min(e^2, w_max) instead
     assert decoupled["stats"]["importance_weight_clipped"] == pytest.approx(0.5)  # e^2 > 5: cut at the cap

@@ -1,4 +1,4 @@
-"""The RL data path of one run, in the order it happens (GRPO with a decoupled-PPO correction).
+"""The RL data path of one run, in the order it happens (GRPO, stale samples corrected as bidirl.grpo says).
 
 ::
 

@@ -11,10 +11,10 @@ steps, hence the same number of samples:
   sync                 on-policy synchronous GRPO, one device (the reference)
   bidirl-eta{E}        2 devices, both lending directions, streamed steps, migration; staleness <= E
   async-eta{E}         2 devices, fixed 1/1 split, staleness <= E: the same eta without borrowing
-  async-eta4-naive     async at eta 4 with the decoupled-PPO correction off (naive PPO on stale
-                       samples): the negative control -- does the study detect a convergence effect?
-  {mode}-eta{E}-naive  any of the above with algorithm.correction=naive (PPO clipped around the
-                       behaviour policy), or -none (no correction: stale samples trained as fresh)
+  async-eta4-none      async at eta 4 with no staleness correction at all (stale samples trained as
+                       fresh): the negative control -- does the study detect a convergence effect?
+  {mode}-eta{E}-decoupled  with AReaL's decoupled-PPO correction instead of the default (naive: PPO
+                       clipped around the behaviour policy; see bidirl/grpo.py); -none: no correction
 
 E in {0, 1, 2, 4}. Seeds are RL seeds (sampling, prompt order); every arm starts from the one base model
 (``model.tiny.seed`` stays 0). Held-out accuracy is greedy, on ``data.eval_size=2000`` problems (standard
@@ -44,7 +44,8 @@ PIPELINE = "pipelines/cpu-tiny.yaml"
 COMMON = ["data.eval_size=2000", "logging.wandb_mode=disabled", "logging.progress=false",
           "launch.chunk_groups=32"]  # four chunks per batch: something to stream, migrate and lend
 ETAS = (0, 1, 2, 4)
-CORRECTIONS = {"": [], "-naive": ["algorithm.correction=naive"], "-none": ["algorithm.correction=none"]}
+# the default correction (naive: PPO clipped around the behaviour policy), AReaL's decoupled PPO, none at all
+CORRECTIONS = {"": [], "-decoupled": ["algorithm.correction=decoupled"], "-none": ["algorithm.correction=none"]}
 ARMS = {"sync": ["cluster.devices=1", "launch.mode=sync"]}
 for _suffix, _correction in CORRECTIONS.items():
     for _eta in ETAS:
@@ -53,7 +54,7 @@ for _suffix, _correction in CORRECTIONS.items():
         ARMS[f"async-eta{_eta}{_suffix}"] = ["cluster.devices=2", "cluster.rollout_devices=1", "launch.mode=async",
                                             f"algorithm.staleness={_eta}", *_correction]
 # what a plain `study.py` runs: the arms (the default correction) and its negative control
-DEFAULT_ARMS = ["sync", *(f"{mode}-eta{eta}" for mode in ("bidirl", "async") for eta in ETAS), "async-eta4-naive"]
+DEFAULT_ARMS = ["sync", *(f"{mode}-eta{eta}" for mode in ("bidirl", "async") for eta in ETAS), "async-eta4-none"]
 
 def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -171,7 +172,8 @@ def plot(results: dict, path: Path) -> Path:
             xs = [x for x, _ in rows[0]["curve"]]
             curves = [[100 * y for _, y in r["curve"]] for r in rows if len(r["curve"]) == len(xs)]
             mean = [statistics.fmean(c[i] for c in curves) for i in range(len(xs))]
-            line, = ax.plot([x / 1000 for x in xs], mean, marker="o", ms=3, label=f"{arm} ({len(curves)} seeds)")
+            style = "--" if arm.endswith("-decoupled") else ":" if arm.endswith("-none") else "-"
+            line, = ax.plot([x / 1000 for x in xs], mean, style, marker="o", ms=3, label=f"{arm} ({len(curves)} seeds)")
             if len(curves) > 1:
                 ax.fill_between([x / 1000 for x in xs], [min(c[i] for c in curves) for i in range(len(xs))],
                                 [max(c[i] for c in curves) for i in range(len(xs))], color=line.get_color(), alpha=0.2)
