@@ -8,7 +8,8 @@ uses. Either way each policy runs at its own best split (the planner's; on two d
 1/1) and every run gets the same seed, so the same prompts.
 
 Every baseline is a *scheduling policy reproduced on bidirl's runtime* and is labelled so, by the
-policy's ``style`` (e.g. "veRL-style colocated synchronous"); no baseline system's own code runs here.
+policy's ``style`` (e.g. "veRL-style colocated synchronous"). The exception is ``trl``: the real TRL
+``GRPOTrainer`` (:mod:`bidirl.peers`), live only, on the same model, data, reward and samples.
 
 Output, inside the run directory: ``compare.json`` (one row per policy), ``compare.md`` (the table),
 ``compare_throughput.png`` (bars), live also ``compare_curves.png`` (held-out accuracy and reward per
@@ -26,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig, load_config
 from bidirl.errors import BidirlError, RunFailed
+from bidirl.peers import PEERS
 from bidirl.sched.policy import baseline_names, style_of
 from bidirl.sched.trace import CATEGORIES
 from bidirl.ui import say
@@ -53,16 +55,19 @@ class Row:
 def parse_baselines(text: str) -> List[str]:
     """``verl,areal,roll`` -> the names, or one line naming the culprit and the valid names."""
     names = [n.strip() for n in text.split(",") if n.strip()]
+    valid = ", ".join((*baseline_names(), *PEERS))
     if not names:
-        raise BidirlError(f"--baselines: name at least one of {', '.join(baseline_names())}")
+        raise BidirlError(f"--baselines: name at least one of {valid}")
     for name in names:
-        if name not in baseline_names():
+        if name not in baseline_names() and name not in PEERS:
             hint = " (bidirl itself is always compared)" if name == "bidirl" else ""
-            raise BidirlError(f"--baselines: unknown baseline '{name}'{hint}; valid: {', '.join(baseline_names())}")
+            raise BidirlError(f"--baselines: unknown baseline '{name}'{hint}; valid: {valid}")
     return list(dict.fromkeys(names))
 
 
 def label_of(name: str) -> str:
+    if name in PEERS:
+        return PEERS[name]
     return "bidirl (bidirectional borrowing)" if name == "bidirl" else f"{style_of(name)} ({REPRODUCED})"
 
 
@@ -92,7 +97,15 @@ def with_policy(cfg: PipelineConfig, name: str) -> PipelineConfig:
 def preflight(cfg: PipelineConfig, names: List[str]) -> None:
     """What the comparison would reject, checked before anything is written: every policy's partition
     (live: the runtime's own assembly check; simulated: the planner's)."""
-    policies = [*names, "bidirl"]
+    peers = [n for n in names if n in PEERS]
+    policies = [*(n for n in names if n not in PEERS), "bidirl"]
+    for name in peers:
+        if not is_here(cfg):
+            raise BidirlError(f"--baselines {name}: {name} is a real system that runs live only, and this pipeline's "
+                              "cluster is not this machine (it would be simulated)")
+        from bidirl.peers import check_installed
+
+        check_installed(name)
     if is_here(cfg):
         from bidirl.runtime.launch import check_plan
 
@@ -129,7 +142,11 @@ def compare_live(cfg: PipelineConfig, cfg_path: str, overrides: List[str], polic
     rows = []
     for name in policies:
         folder = done.get(name)
-        if folder is None:
+        if name in PEERS:
+            folder = str(out / "compare" / name)
+            say(f"compare: {name} live (the real library) in one process with {devices} threads")
+            run_peer(cfg_path, overrides, Path(folder))
+        elif folder is None:
             chosen = [*overrides, *live_overrides(cfg, name)]
             run_cfg = load_config(cfg_path, chosen)
             chosen += live_partition(run_cfg)  # this policy's own split (the planner's, or its default)
@@ -143,10 +160,22 @@ def compare_live(cfg: PipelineConfig, cfg_path: str, overrides: List[str], polic
     return rows
 
 
+def run_peer(cfg_path: str, overrides: List[str], folder: Path) -> None:
+    """A peer system in its own process (its threads, its imports), writing a summary as a run does."""
+    import subprocess
+    import sys
+
+    code = subprocess.call([sys.executable, "-m", "bidirl.peers", str(folder), cfg_path, *overrides])
+    if code:
+        raise RunFailed(f"compare: the {folder.name} run exited with code {code} (its files: {folder})")
+
+
 def live_row(name: str, folder: Path) -> Row:
     summary = json.loads((folder / "summary.json").read_text())
     homes = summary.get("homes", [])
     split = f"{homes.count('rollout')}/{homes.count('train')}" if "rollout" in homes else f"colocated x{len(homes)}"
+    if name in PEERS:
+        split = f"1 process x {summary.get('threads', 1)} threads"
     return Row(name, label_of(name), "live", split, summary["samples_per_s"], summary["time_breakdown"],
                summary["switches"].get("count", 0), summary.get("leases", {}),
                accuracy_start=summary.get("accuracy_start"), accuracy_end=summary.get("accuracy_end"),
@@ -209,7 +238,7 @@ def print_rows(rows: List[Row]) -> None:
     from bidirl.ui import console
 
     table = Table(title="bidirl against the baselines (each at its own best split; same data and seeds)",
-                  caption=f"every baseline is a scheduling policy {REPRODUCED}, not the original system")
+                  caption=caption(rows))
     for column in HEADER:
         table.add_column(column, justify="left" if column in ("policy", "what it is") else "right")
     for cells in table_rows(rows):
@@ -218,13 +247,18 @@ def print_rows(rows: List[Row]) -> None:
     Console(width=None if console.is_terminal else 200).print(table)
 
 
+def caption(rows: List[Row]) -> str:
+    peers = [r.name for r in rows if r.name in PEERS]
+    but = f" (except {', '.join(peers)}: the real library)" if peers else ""
+    return f"every baseline{but} is a scheduling policy {REPRODUCED}, not the original system"
+
+
 def markdown(rows: List[Row]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     notes = ["", "Pools: share of device time busy, then the two largest idle causes (of "
              f"{', '.join(CATEGORIES)}). Bound / step: the policy-independent lower bound on the mean step "
-             "over the simulated step (simulated runs only). Every baseline is a scheduling policy "
-             f"{REPRODUCED}, not the original system."]
+             f"over the simulated step (simulated runs only). {caption(rows).capitalize()}."]
     return "\n".join(lines + notes) + "\n"
 
 

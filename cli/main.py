@@ -243,11 +243,13 @@ def compare(
                                               "default, live on 2 CPU devices).", show_default=False),
     overrides: Optional[List[str]] = OVERRIDES,
     baselines: str = typer.Option("verl,areal,roll", "--baselines",
-                                  help="Comma-separated baselines (verl, areal, roll, streamrl, verl-dynamic, verl-async)."),
+                                  help="Comma-separated baselines (verl, areal, roll, streamrl, verl-dynamic, verl-async; "
+                                       "trl: the real TRL GRPOTrainer, live only, needs bidirl[trl])."),
     debug: bool = DEBUG,
 ) -> None:
     """bidirl against the baselines, each at its own best split: live where the pipeline's cluster is this
-    machine, simulated where it is not. Every baseline is a scheduling policy reproduced on bidirl's runtime."""
+    machine, simulated where it is not. Every baseline is a scheduling policy reproduced on bidirl's runtime,
+    except trl: the real TRL GRPOTrainer, live only."""
 
     def action() -> None:
         from bidirl.compare import compare as run_compare, parse_baselines, preflight

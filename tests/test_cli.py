@@ -227,3 +227,23 @@ def test_only_one_stage_runs_again_into_the_same_run_directory_and_the_old_outpu
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and "plan" in summary and set(summary["compare"]) == {"roll", "bidirl"}
     assert_one_line_error(bidirl("run", *simulated, "--from", "launch"), "--from launch", "plan, compare")
+
+
+@pytest.mark.slow
+def test_compare_runs_the_real_trl_grpo_trainer_beside_the_reproduced_policies(tmp_path):
+    small = [t for t in TINY if not t.startswith("logging.wandb")] + [
+        "logging.wandb_mode=disabled", "train.lr=1e-3", "train.prompts_per_step=8", "train.micro_batch_size=8",
+        "launch.chunk_groups=4", "train.steps=3", "logging.eval_every=3", "launch.collective_timeout_s=120",
+        "cluster.rollout_devices=1"]
+    result = bidirl("compare", "pipelines/cpu-demo.yaml", f"output_dir={tmp_path}/runs",
+                    f"model.cache_dir={tmp_path}/cache", *small, "--baselines", "areal,trl")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    rows = json.loads((run / "compare.json").read_text())
+    assert [r["name"] for r in rows] == ["areal", "trl", "bidirl"] and all(r["where"] == "live" for r in rows)
+    trl = rows[1]
+    assert trl["label"].startswith("TRL GRPOTrainer (the real library") and trl["split"] == "1 process x 2 threads"
+    assert trl["samples_per_s"] > 0 and 0 <= trl["accuracy_end"] <= 1
+    rewards = [json.loads(line) for line in (run / "compare" / "trl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rewards if "reward_mean" in r] == [1, 2, 3]  # TRL trained three steps
+    assert "except trl: the real library" in (run / "compare.md").read_text()

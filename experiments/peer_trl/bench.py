@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
+from pathlib import Path
 from typing import List
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -52,54 +52,15 @@ def run_bidirl(cfg) -> dict:
 
 
 def run_trl(cfg) -> dict:
-    import datasets
-    from trl import GRPOConfig, GRPOTrainer
+    import torch
 
-    from bidirl.data import load_problems
-    from bidirl.models.sources import load_model, prepare_model
-    from bidirl.prompts import format_prompt
-    from bidirl.reward import numeric_reward
+    from bidirl.peers import train_with_trl
 
-    model, tokenizer = load_model(prepare_model(cfg).path, cfg.model.dtype)
-    train = load_problems(cfg.data, "train")
-    rows = [{"prompt": format_prompt(p, cfg.data.prompt_style, tokenizer), "answer": p.answer} for p in train]
-
-    def reward(completions: List[str], answer: List[str], **_: object) -> List[float]:
-        return [numeric_reward(c, a, cfg.algorithm.format_reward) for c, a in zip(completions, answer)]
-
-    group, prompts = cfg.rollout.group_size, cfg.train.prompts_per_step
     with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig(
-            output_dir=tmp, use_cpu=True, use_vllm=False, seed=cfg.seed, max_steps=cfg.train.steps,
-            per_device_train_batch_size=prompts * group, num_generations=group, steps_per_generation=1,
-            gradient_accumulation_steps=1, max_completion_length=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, learning_rate=cfg.train.lr,
-            lr_scheduler_type="constant_with_warmup", warmup_steps=cfg.train.lr_warmup_steps,
-            adam_beta2=0.99, weight_decay=0.0, max_grad_norm=cfg.train.max_grad_norm, beta=cfg.algorithm.kl_coef,
-            loss_type="dapo" if cfg.algorithm.loss_aggregation == "token_mean" else "grpo",
-            scale_rewards="group" if cfg.algorithm.std_normalize else "none",
-            logging_steps=max(1, cfg.train.steps // 10), report_to=[], save_strategy="no",
-            disable_tqdm=True, dataloader_num_workers=0,
-        )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config,
-                              train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer)
-        start = time.time()
-        trainer.train()  # generate + train; evaluation below is outside the timed span
-        seconds = time.time() - start
-    return {"system": "TRL GRPOTrainer (transformers generate)", "seconds": seconds,
-            "samples": cfg.train.steps * prompts * group, "accuracy_start": _accuracy(cfg, load_model(
-                prepare_model(cfg).path, cfg.model.dtype)[0], tokenizer),
-            "accuracy_end": _accuracy(cfg, trainer.model, tokenizer)}
-
-
-def _accuracy(cfg, model, tokenizer) -> float:
-    from bidirl.data import load_problems
-    from bidirl.evaluate import greedy_accuracy
-    from bidirl.prompts import format_prompt
-
-    held_out = load_problems(cfg.data, "test")
-    prompt = lambda p: format_prompt(p, cfg.data.prompt_style, tokenizer)  # noqa: E731
-    return greedy_accuracy(model.eval(), tokenizer, held_out, prompt, cfg.rollout.max_new_tokens).accuracy
+        summary = train_with_trl(cfg, Path(tmp), threads=torch.get_num_threads())
+    return {"system": "TRL GRPOTrainer (transformers generate)", "seconds": summary["rl_seconds"],
+            "samples": cfg.train.steps * cfg.train.prompts_per_step * cfg.rollout.group_size,
+            "accuracy_start": summary["accuracy_start"], "accuracy_end": summary["accuracy_end"]}
 
 
 def print_table(rows: List[dict], cfg) -> None:
