@@ -74,14 +74,16 @@ class RunDir:
     @classmethod
     def resumed(cls, cfg: PipelineConfig, path: str | Path, version: int) -> "RunDir":
         """A run directory whose run continues from its checkpoint at ``version``: metrics rows of later
-        steps (trained before a crash, then lost with it) move to ``metrics.rolled-back.jsonl``, so every
-        step appears once; the resumed config goes beside the original; W&B resumes the same run."""
+        steps (trained before a crash, then lost with it) and evaluations (the resumed run evaluates every
+        snapshot again) move to ``metrics.rolled-back.jsonl``, so every step appears once; the resumed
+        config goes beside the original; W&B resumes the same run."""
         run = cls.__new__(cls)
         run.path = Path(path)
         metrics = run.path / "metrics.jsonl"
         rows = metrics.read_text().splitlines() if metrics.exists() else []
-        kept = [r for r in rows if json.loads(r).get("step", 0) <= version]
-        later = [r for r in rows if json.loads(r).get("step", 0) > version]
+        # held-out evaluations are logged after training, all of them again by the resumed run
+        kept = [r for r in rows if json.loads(r).get("step", 0) <= version and "eval_accuracy" not in json.loads(r)]
+        later = [r for r in rows if r not in kept]
         if later:
             with open(run.path / "metrics.rolled-back.jsonl", "a") as out:
                 out.write("\n".join(later) + "\n")

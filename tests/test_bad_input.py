@@ -30,6 +30,10 @@ def files(tmp: Path) -> dict:
     (run / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["plan", "launch"]}))
     (run / "plan.json").write_text("{broken")
     (run / "config.yaml").write_text("name: old\n")
+    torn = tmp / "torn-run"  # its only checkpoint does not verify
+    (torn / "checkpoints" / "v00003").mkdir(parents=True)
+    (torn / "config.yaml").write_text("name: torn\n")
+    (torn / "checkpoints" / "v00003" / "MANIFEST.json").write_text(json.dumps({"model.safetensors": {"bytes": 9}}))
     return {"tmp": tmp}
 
 
@@ -75,12 +79,15 @@ CASES = {
     # resuming what cannot be resumed
     "resume a file": (["launch", TINY, "--resume", "{tmp}/a-file"], "a-file: not a run directory"),
     "resume a run without checkpoints": (["launch", TINY, "--resume", "{tmp}/old-run"], "no checkpoint yet"),
+    "resume from a corrupt checkpoint": (["launch", TINY, "--resume", "{tmp}/torn-run"], "none of its checkpoints"),
     "resume a pipeline run without its launch": (["run", TINY, "stages=[plan,launch]", "--resume", "{tmp}/old-run"],
                                                  "old-run/launch: not a run directory"),
     # names
     "unknown policy": (["simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,bidirll"], "bidirll"),
     "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),
     "unknown baseline": (["compare", "--baselines", "verl,deepspeed-chat"], "deepspeed-chat"),
+    "a real peer on a simulated cluster": (["compare", "pipelines/sim-32gpu.yaml", "--baselines", "verl,trl"],
+                                           "trl is a real system that runs live only"),
     "unknown hardware": (["plan", "pipelines/sim-32gpu.yaml", "sim.hardware=TPU"], "sim.hardware"),
     # output paths
     "output dir is a file": (["run", TINY, "output_dir={tmp}/a-file"], "a-file"),

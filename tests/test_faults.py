@@ -3,6 +3,7 @@ the worker group, which resumes from the run's latest good checkpoint; the run s
 configured optimizer step, each exactly once. A hard timeout turns a hang into a failure."""
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -18,11 +19,12 @@ HARD_TIMEOUT_S = 600
 STEPS, EVERY = 9, 3
 
 
-def start(root: Path, *overrides) -> subprocess.Popen:
+def start(root: Path, *overrides, env=None) -> subprocess.Popen:
     args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache", *SMALL,
             "cluster.devices=2", f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}", "logging.eval_every=3",
             "launch.max_restarts=1", *overrides]
-    return subprocess.Popen(BIDIRL + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(BIDIRL + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
 
 
 def wait_for(condition, process: subprocess.Popen, deadline: float) -> None:
@@ -35,7 +37,7 @@ def wait_for(condition, process: subprocess.Popen, deadline: float) -> None:
         time.sleep(0.2)
 
 
-def device_process(launcher: subprocess.Popen, device: int) -> psutil.Process:
+def device_process(launcher: subprocess.Popen, device: int, required: bool = True) -> psutil.Process:
     """The torchrun worker process of ``device`` (rank device + 1; rank 0 is the controller)."""
     for child in psutil.Process(launcher.pid).children(recursive=True):
         try:
@@ -43,24 +45,26 @@ def device_process(launcher: subprocess.Popen, device: int) -> psutil.Process:
                 return child
         except psutil.Error:
             continue
-    pytest.fail(f"no process of device {device}")
+    if required:
+        pytest.fail(f"no process of device {device}")
+    return None
 
 
-def killed_mid_run(root: Path, device_of, *overrides) -> Path:
-    """Starts a run, kills ``device_of(run_dir)`` with SIGKILL once a checkpoint is sealed and a later step
-    trained, and waits for the run to end; returns its run directory."""
-    launcher, deadline = start(root, *overrides), time.time() + HARD_TIMEOUT_S
+def checkpoint_and_a_later_step(run: Path, launcher: subprocess.Popen, device: int) -> bool:
+    metrics = run / "metrics.jsonl"
+    rows = read_jsonl(metrics) if metrics.exists() else []
+    return bool(sealed(run / FOLDER)) and any(r.get("step", 0) > EVERY and "reward_mean" in r for r in rows)
+
+
+def killed_mid_run(root: Path, device: int, *overrides, when=checkpoint_and_a_later_step, env=None) -> Path:
+    """Starts a run, kills ``device``'s process with SIGKILL once ``when`` holds (by default: a checkpoint
+    is sealed and a later step trained), and waits for the run to end; returns its run directory."""
+    launcher, deadline = start(root, *overrides, env=env), time.time() + HARD_TIMEOUT_S
     runs = root / "runs"
     wait_for(lambda: runs.is_dir() and any(runs.iterdir()), launcher, deadline)
     (run,) = runs.iterdir()
-
-    def checkpoint_and_a_later_step():
-        metrics = run / "metrics.jsonl"
-        rows = read_jsonl(metrics) if metrics.exists() else []
-        return sealed(run / FOLDER) and any(r.get("step", 0) > EVERY and "reward_mean" in r for r in rows)
-
-    wait_for(checkpoint_and_a_later_step, launcher, deadline)
-    device_process(launcher, device_of(run)).send_signal(signal.SIGKILL)
+    wait_for(lambda: when(run, launcher, device), launcher, deadline)
+    device_process(launcher, device).send_signal(signal.SIGKILL)
     try:
         output, _ = launcher.communicate(timeout=max(1.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
@@ -76,9 +80,9 @@ def assert_every_step_trained_exactly_once(run: Path) -> dict:
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r]
     assert steps == list(range(1, STEPS + 1))  # none lost, none applied twice
     resumed = summary["resumed"]
-    assert resumed["restart"] == 1 and resumed["from_version"] % EVERY == 0 and resumed["from_version"] >= EVERY
-    rolled_back = [r["step"] for r in read_jsonl(run / "metrics.rolled-back.jsonl")]
-    assert all(step > resumed["from_version"] for step in rolled_back)
+    assert resumed["restart"] == 1 and resumed["from_version"] % EVERY == 0
+    rolled_back = run / "metrics.rolled-back.jsonl"
+    assert all(r["step"] > resumed["from_version"] for r in (read_jsonl(rolled_back) if rolled_back.exists() else []))
     for checkpoint in sealed(run / FOLDER):  # no file left corrupt
         assert verify(checkpoint) is None
     assert not list((run / FOLDER).glob(".partial-*"))
@@ -86,29 +90,85 @@ def assert_every_step_trained_exactly_once(run: Path) -> dict:
     return summary
 
 
-def primary(run: Path) -> int:
-    return 1  # cluster.rollout_devices=1: device 0 rolls out, device 1 is the primary trainer
+ROLLOUT, PRIMARY = 0, 1  # with cluster.rollout_devices=1: device 0 rolls out, device 1 is the primary trainer
 
 
 @pytest.mark.slow
 def test_a_killed_rollout_worker_restarts_the_group_which_resumes_and_completes_every_step(tmp_path):
-    run = killed_mid_run(tmp_path, lambda run: 0, "launch.mode=async", "cluster.rollout_devices=1")
+    run = killed_mid_run(tmp_path, ROLLOUT, "launch.mode=async", "cluster.rollout_devices=1")
     assert_every_step_trained_exactly_once(run)
 
 
 def test_a_killed_primary_trainer_loses_no_step_and_applies_none_twice(tmp_path):
-    run = killed_mid_run(tmp_path, primary, "launch.mode=async", "cluster.rollout_devices=1")
+    run = killed_mid_run(tmp_path, PRIMARY, "launch.mode=async", "cluster.rollout_devices=1")
     summary = assert_every_step_trained_exactly_once(run)
-    assert summary["homes"] == ["rollout", "train"]
+    assert summary["homes"] == ["rollout", "train"] and summary["resumed"]["from_version"] >= EVERY
 
 
-def test_a_group_that_finally_fails_ends_in_one_line_naming_each_dead_process(monkeypatch):
+def frozen_in_a_lease(run: Path, launcher: subprocess.Popen, device: int) -> bool:
+    process = device_process(launcher, device, required=False)
+    try:
+        return process is not None and process.status() == psutil.STATUS_STOPPED
+    except psutil.Error:  # (it ended meanwhile)
+        return False
+
+
+@pytest.mark.slow
+def test_a_device_killed_in_the_middle_of_a_lease_is_survived(tmp_path):
+    # the rollout device, lent to a train step, freezes there (SIGSTOP, BIDIRL_FAULT_STALL) and is killed so
+    run = killed_mid_run(tmp_path, ROLLOUT, "launch.mode=async-lend", "algorithm.staleness=0",
+                         "train.prompts_per_step=32", "train.micro_batch_size=8", when=frozen_in_a_lease,
+                         env={"BIDIRL_FAULT_STALL": "0:25"})
+    summary = assert_every_step_trained_exactly_once(run)
+    assert summary["resumed"]["restart"] == 1
+
+
+def test_a_group_that_finally_fails_ends_in_one_line_naming_each_dead_process_and_its_role(monkeypatch, tmp_path):
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     from bidirl.runtime.elastic import describe_failures
 
-    monkeypatch.setenv("BIDIRL_RUN_PATH", "runs/x")
-    failures = {2: ProcessFailure(1, 4242, -9, "/nonexistent"), 0: ProcessFailure(0, 4241, 2, "/nonexistent")}
+    (tmp_path / "devices.json").write_text(json.dumps([{"device": 0, "rank": 1, "home": "rollout", "primary": False},
+                                                       {"device": 1, "rank": 2, "home": "train", "primary": True}]))
+    monkeypatch.setenv("BIDIRL_RUN_PATH", str(tmp_path))
+    failures = {2: ProcessFailure(1, 4242, -9, "/nonexistent"), 0: ProcessFailure(0, 4241, 2, "/nonexistent"),
+                1: ProcessFailure(0, 4240, -15, "/nonexistent")}  # (stopped by torchrun: not a cause)
     assert describe_failures(failures, 2) == (
-        "the runtime failed after 2 restart(s): the controller (rank 0) exited with code 2, device 1 (rank 2) was "
-        "killed by SIGKILL; its checkpoints (if any) resume with --resume runs/x")
+        "the runtime failed after 2 restart(s): the controller (rank 0) exited with code 2, device 1 (rank 2, train "
+        "pool, the primary trainer) was killed by SIGKILL (torchrun then stopped the other 1); their output is above, "
+        f"and the run's checkpoints (if any) resume with --resume {tmp_path}")
+
+
+@pytest.mark.slow
+def test_a_dead_process_with_no_restarts_left_ends_the_run_in_one_line_naming_it(tmp_path):
+    launcher, deadline = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "launch.max_restarts=0"), \
+        time.time() + HARD_TIMEOUT_S
+    runs = tmp_path / "runs"
+    wait_for(lambda: runs.is_dir() and any(runs.iterdir()) and (next(runs.iterdir()) / "devices.json").exists(),
+             launcher, deadline)
+    device_process(launcher, PRIMARY).send_signal(signal.SIGKILL)
+    output, _ = launcher.communicate(timeout=max(1.0, deadline - time.time()))
+    assert launcher.returncode == 1
+    assert output.strip().splitlines()[-1].startswith(
+        "error: the runtime failed after 0 restart(s): device 1 (rank 2, train pool, the primary trainer) was killed "
+        "by SIGKILL")
+
+
+@pytest.mark.slow
+def test_a_finished_run_resumed_with_more_steps_continues_its_curve_in_the_same_directory(tmp_path):
+    first = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "train.steps=6")
+    output, _ = first.communicate(timeout=HARD_TIMEOUT_S)
+    assert first.returncode == 0, output[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    more = subprocess.run(BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
+                                    f"model.cache_dir={tmp_path}/cache", *SMALL, "cluster.devices=2",
+                                    "launch.mode=async", "cluster.rollout_devices=1", f"train.steps={STEPS}",
+                                    f"train.checkpoint_every={EVERY}", "logging.eval_every=3", "--resume", str(run)],
+                          capture_output=True, text=True, timeout=HARD_TIMEOUT_S)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]  # no second run directory
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed"]["from_version"] == 6 and summary["resumed"]["restart"] == 0
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r]
+    assert steps == list(range(1, STEPS + 1)) and [p["step"] for p in summary["curve"]] == [0, 3, 6, 9]
+    assert summary["samples_per_s"] > 0 and summary["steps"] == STEPS

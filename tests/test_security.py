@@ -38,3 +38,11 @@ def test_every_torch_load_refuses_pickled_objects():
 def test_nothing_is_unpickled():
     assert [(str(p), n.lineno) for name in ("loads", "load") for p, n in calls(name)
             if isinstance(n.func, ast.Attribute) and getattr(n.func.value, "id", "") == "pickle"] == []
+
+
+def test_a_single_node_run_keeps_its_gradient_and_weight_sockets_on_loopback():
+    from bidirl.runtime.launch import Topology, loopback_env
+
+    assert loopback_env(Topology(), {}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert loopback_env(Topology(), {"GLOO_SOCKET_IFNAME": "eth1"}) == {"NCCL_SOCKET_IFNAME": "lo"}  # the user's own
+    assert loopback_env(Topology(nnodes=2, rdzv_endpoint="10.0.0.1:29400"), {}) == {}  # a cluster address: theirs

@@ -55,6 +55,7 @@ The controller then waits for replies with a timeout (``lease_wait``) instead of
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -135,6 +136,13 @@ class Controller:
         self.checkpoints_due: Dict[int, Dict[str, Any]] = {}  # version -> controller state, trainer saving
         if resume is not None:
             self.resume_from(resume, restart)
+        elif restart:  # a process died before the first checkpoint: the run starts over, and says so
+            self.report.resumed = {"from_version": 0, "checkpoint": None, "discarded_groups": None, "restart": restart}
+            run.log(0, event="resumed", **self.report.resumed)
+        # who is where, for whoever reads the run while it runs (bidirl.runtime.elastic names a dead rank's role)
+        (run.path / "devices.json").write_text(json.dumps(
+            [{"device": d, "rank": d + 1, "home": home.value, "primary": d == self.cluster.primary}
+             for d, home in enumerate(assembly.homes)]))
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
                                               migrates=self.cluster.allows_migration and self.policy.migrates
                                               and devices > 1, resume_from=str(resume.path) if resume else "",

@@ -8,23 +8,39 @@ own ``error (rank R): ...`` line.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Dict
 
 
 def describe_failures(failures: Dict[int, object], restarts: int) -> str:
-    """One line: every failed rank (0 is the controller, R > 0 device R - 1) and how it ended."""
+    """One line: every failed rank (0 is the controller, R > 0 device R - 1, its pool from the run's
+    ``devices.json``) and how it ended."""
+    run = os.environ.get("BIDIRL_RUN_PATH", "")
+    roles = _roles(run)
+    # torchrun stops every other process of the group with SIGTERM once one fails: name the cause
+    causes = {r: f for r, f in failures.items() if getattr(f, "exitcode", None) != -15} or failures
     parts = []
-    for rank, failure in sorted(failures.items()):
-        who = "the controller (rank 0)" if rank == 0 else f"device {rank - 1} (rank {rank})"
+    for rank, failure in sorted(causes.items()):
+        who = "the controller (rank 0)" if rank == 0 else f"device {rank - 1} (rank {rank}{roles.get(rank, '')})"
         code = getattr(failure, "exitcode", None)
         how = (f"was killed by {failure.signal_name()}" if code is not None and code < 0
                else f"exited with code {code}")
         parts.append(f"{who} {how}")
-    run = os.environ.get("BIDIRL_RUN_PATH", "")
-    tail = f"; its checkpoints (if any) resume with --resume {run}" if run else ""
+    if len(causes) < len(failures):
+        parts[-1] += f" (torchrun then stopped the other {len(failures) - len(causes)})"
+    tail = f"; their output is above, and the run's checkpoints (if any) resume with --resume {run}" if run else ""
     return f"the runtime failed after {restarts} restart(s): {', '.join(parts)}{tail}"
+
+
+def _roles(run: str) -> Dict[int, str]:
+    try:
+        with open(os.path.join(run, "devices.json")) as f:
+            devices = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {d["rank"]: f", {d['home']} pool" + (", the primary trainer" if d["primary"] else "") for d in devices}
 
 
 def main(argv: list) -> int:

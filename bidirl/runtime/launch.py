@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -170,7 +170,7 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     model = prepare_model(cfg, report=say)
     if cfg.cluster.device_type == "cuda":
         say("memory per device (both engines resident):\n" + check_memory(cfg, model.path).table())
-    env = {**os.environ, "BIDIRL_MODEL_PATH": model.path}
+    env = {**os.environ, "BIDIRL_MODEL_PATH": model.path, **loopback_env(topo, os.environ)}
     env.setdefault("OMP_NUM_THREADS", "1")
     env[PRIOR_VARIABLE] = encode_prior(prior)
     env[RUN_PATH_VARIABLE] = str(run_path or new_run_path(cfg))
@@ -180,15 +180,34 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     return subprocess.call(command, env=env)
 
 
+def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:
+    """One node and no cluster address: the gradient and weight groups' sockets (gloo; NCCL's bootstrap)
+    bind to loopback, unless the user chose an interface. torchrun's own TCPStore listens on every
+    interface whatever it is told (torch's c10d server binds the wildcard address): what travels there
+    is data-only JSON that decodes into bidirl's own message types only (:mod:`bidirl.runtime.wire`)."""
+    if topo.nnodes > 1 or topo.rdzv_endpoint:
+        return {}
+    return {key: "lo" for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in environ}
+
+
 def check_resumable(run_path: Optional[str]) -> None:
-    """``--resume RUN``: a run directory with a sealed checkpoint, checked before anything starts."""
-    from bidirl.runtime.checkpoints import FOLDER, sealed
+    """``--resume RUN``: a run directory with a checkpoint that verifies, checked before anything starts
+    (a newer one that does not verify is skipped with a warning, as the controller will)."""
+    from bidirl.runtime.checkpoints import FOLDER, latest_good, sealed
+    from bidirl.ui import say
 
     if not run_path or not os.path.isdir(run_path) or not os.path.isfile(os.path.join(run_path, "config.yaml")):
         raise BidirlError(f"--resume {run_path}: not a run directory (no config.yaml there)")
     if not sealed(os.path.join(run_path, FOLDER)):
         raise BidirlError(f"--resume {run_path}: the run has no checkpoint yet ({FOLDER}/v*/; "
                           "train.checkpoint_every sets how often a run writes one)")
+    warnings: List[str] = []
+    if latest_good(run_path, warn=warnings.append) is None:
+        newest = warnings[0].split("skipped: ")[-1]
+        raise BidirlError(f"--resume {run_path}: none of its checkpoints verifies against its MANIFEST.json (the "
+                          f"newest: {newest}); start a new run")
+    for warning in warnings:
+        say(warning)
 
 
 def encode_prior(prior: Tuple[Optional[Estimates], str]) -> str:

@@ -341,13 +341,19 @@ class Worker:
 
     def stall_if_told(self) -> None:
         """Fault injection for tests (``BIDIRL_FAULT_STALL=device:seconds``): this device, lent to a
-        train step, stops answering for a while in its first micro-batch, as a hung or SIGSTOPped one."""
+        train step, is frozen by SIGSTOP in its first micro-batch -- the whole process, every thread --
+        and a detached timer sends SIGCONT ``seconds`` later."""
         fault = os.environ.get("BIDIRL_FAULT_STALL", "")
         if fault and not self.stalled and self.state.lent:
             device, seconds = fault.split(":")
             if int(device) == self.device:
+                import signal
+                import subprocess
+
                 self.stalled = True
-                time.sleep(float(seconds))
+                subprocess.Popen(["sh", "-c", f"sleep {float(seconds)}; kill -CONT {os.getpid()}"],
+                                 start_new_session=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
 
     # ---- checks -------------------------------------------------------------------------------
     def logprob_gap(self, probe: "tuple[Sample, ...]") -> Dict[str, float]:
