@@ -27,8 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig, load_config
 from bidirl.errors import BidirlError, RunFailed
-from bidirl.peers import PEERS
-from bidirl.sched.policy import baseline_names, style_of
+from bidirl.sched.policy import PEERS, baseline_names, style_of
 from bidirl.sched.trace import CATEGORIES
 from bidirl.ui import say
 

@@ -31,8 +31,7 @@ from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
 from bidirl.perf.workload import PRESETS as WORKLOADS
 from bidirl.sched.assembly import LIVE, DriverCapabilities, RunShape
-from bidirl.peers import PEERS
-from bidirl.sched.policy import baseline_names, policy_names
+from bidirl.sched.policy import PEERS, baseline_names, policy_names
 
 STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
 

@@ -26,9 +26,6 @@ from bidirl.errors import BidirlError
 if TYPE_CHECKING:
     from bidirl.config import PipelineConfig
 
-PEERS = {"trl": "TRL GRPOTrainer (the real library; transformers generate, one process)"}
-
-
 def check_installed(name: str) -> None:
     try:
         __import__(name)

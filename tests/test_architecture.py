@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # names a module and everything under it; "=name" names that module alone. The engines package's
 # __init__ is only a name registry (it imports nothing), so configuration may read it.
 LAYERS = [
-    ("pipeline", ["bidirl.pipeline", "bidirl.torchrun_main", "bidirl.compare", "bidirl.report"]),
+    ("pipeline", ["bidirl.pipeline", "bidirl.torchrun_main", "bidirl.compare", "bidirl.report", "bidirl.peers"]),
     ("planner | profiling", ["bidirl.planner", "bidirl.profiling"]),
     ("runtime | sim", ["bidirl.runtime", "bidirl.sim", "bidirl.rundir", "bidirl.plots"]),
     ("engines", ["bidirl.engines"]),
@@ -131,7 +131,7 @@ def test_every_runtime_command_has_its_worker_handler_and_every_loop_reply_its_c
     defined = lambda base: {c for c in base.__subclasses__() if c.__module__ == msg.__name__}  # noqa: E731
     assert defined(msg.Command) == set(msg.COMMANDS) and defined(msg.Reply) == set(msg.REPLIES)
     assert [c.__name__ for c in msg.COMMANDS if not callable(getattr(Worker, c.handler, None))] == []
-    awaited_directly = {msg.Ready, msg.Evaluated, msg.CheckpointSaved, msg.Stopped}
+    awaited_directly = {msg.Ready, msg.Evaluated, msg.Stopped}  # (CheckpointSaved: the final one is, too)
     assert set(Controller.TRANSLATE) == set(msg.REPLIES) - awaited_directly
 
 

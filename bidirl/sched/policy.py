@@ -89,6 +89,10 @@ def policy_names() -> Tuple[str, ...]:
     return tuple(POLICIES)
 
 
+# Baselines that are not policies: real systems ``bidirl compare`` runs as they are (bidirl.peers), live only
+PEERS = {"trl": "TRL GRPOTrainer (the real library; transformers generate, one process)"}
+
+
 def baseline_names() -> Tuple[str, ...]:
     """The names ``bidirl compare --baselines`` takes: the published systems' names where a policy has one
     as an alias (``verl``, ``areal``), else the policy's name; each names a policy with a ``style``."""
