@@ -133,6 +133,17 @@ class RunDir:
             self._wandb = None
 
 
+def check_output_dir(cfg: PipelineConfig) -> None:
+    """``output_dir`` can hold run directories: the error ``RunDir`` would give, before any work is done."""
+    path = Path(cfg.output_dir)
+    for ancestor in [path, *path.parents]:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise BidirlError(f"output_dir={cfg.output_dir}: cannot create a run directory there "
+                                  f"({ancestor} is not a directory)")
+            return
+
+
 def new_run_path(cfg: PipelineConfig, root: Optional[Path] = None) -> Path:
     """``<root or output_dir>/<name>-<stamp>``, unused so far (not created)."""
     return _unique(Path(root or cfg.output_dir) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")

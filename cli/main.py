@@ -176,10 +176,12 @@ def simulate(
         from bidirl.sim.report import check_policies, print_table, run_policies, write_outputs
 
         from bidirl.planner import planned_configs, replanners
+        from bidirl.rundir import check_output_dir
 
         cfg = _config(pipeline, overrides)
         names = [p.strip() for p in policies.split(",")] if policies else list(cfg.sim.policies)
         check_policies(names)
+        check_output_dir(cfg)  # before minutes of simulation, not after
         planned = planned_configs(cfg, names)  # cluster.rollout_devices=0: each policy at the planner's split
         # before any output exists: bad input leaves nothing behind
         results = run_policies(cfg, names, planned, replanners(cfg, names, planned))

@@ -146,6 +146,7 @@ def test_a_dry_run_with_an_impossible_setting_is_one_line(tmp_path):
                                  "cluster.devices=4", "launch.mode=async"), "rendezvous", "launch.rdzv_endpoint")
 
 
+@pytest.mark.slow  # (the demo pipeline's test runs the launch stage too)
 def test_the_launch_stage_runs_the_runtime_inside_the_pipelines_run_directory(tmp_path):
     small = [t for t in TINY if not t.startswith("logging.wandb")] + [
         "logging.wandb_mode=disabled", "train.lr=1e-3", "train.prompts_per_step=8", "launch.chunk_groups=4",

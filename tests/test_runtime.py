@@ -132,6 +132,7 @@ def test_two_torchrun_agents_on_loopback_complete_a_run(tmp_path):
     assert summary["status"] == "ok" and summary["steps"] == 2 and summary["devices"] == 2
 
 
+@pytest.mark.slow
 def test_fully_async_streams_with_a_fractional_staleness_bound_in_the_live_runtime(tmp_path):
     root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=verl-async", "algorithm.staleness=0.5")
     summary = json.loads((root / "summary.json").read_text())
@@ -276,6 +277,7 @@ def test_an_impossible_partition_is_one_line_before_any_process_starts(tmp_path)
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_deepspeed_train_engine_runs_in_the_runtime_with_lending(tmp_path):
     pytest.importorskip("deepspeed")
     result = launch(tmp_path, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0",
