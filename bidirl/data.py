@@ -164,18 +164,20 @@ class PromptSampler:
     def next(self, count: int) -> List[Problem]:
         batch = []
         while len(batch) < count:
-            if not self.order:
-                self.order = list(range(len(self.problems)))
-                self.rng.shuffle(self.order)
+            self._refill()
             batch.append(self.problems[self.order.pop()])
         return batch
 
     def skip(self, count: int) -> None:
         """Advances past ``count`` problems exactly as drawing them would (a resumed run's data cursor)."""
         while count > 0:
-            if not self.order:
-                self.order = list(range(len(self.problems)))
-                self.rng.shuffle(self.order)
+            self._refill()
             taken = min(count, len(self.order))
             del self.order[len(self.order) - taken:]
             count -= taken
+
+    def _refill(self) -> None:
+        """A new epoch, shuffled, once the last one is drawn."""
+        if not self.order:
+            self.order = list(range(len(self.problems)))
+            self.rng.shuffle(self.order)

@@ -317,19 +317,15 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
         from bidirl.runtime.launch import check_resumable
 
         check_resumable(str(Path(run_dir) / "launch") if run_dir else None)
-        stages = rerun_stages(cfg, "launch", False)
-        cfg, summary = restored(cfg, run_dir, "launch")
-        preflight(dataclasses.replace(cfg, stages=stages))
-        run = RunDir.existing(cfg, run_dir)
-        say(f"run directory: {run.path} (resuming its launch stage)")
-        set_aside(run.path, [s for s in stages if s != "launch"])
-    elif first is not None:
+        first = "launch"
+    if first is not None:
         stages = rerun_stages(cfg, first, only)
         cfg, summary = restored(cfg, run_dir, first)
         preflight(dataclasses.replace(cfg, stages=stages))
         run = RunDir.existing(cfg, run_dir)
-        say(f"run directory: {run.path} (again from stage '{first}'{', only' if only else ''})")
-        set_aside(run.path, stages)
+        again = "resuming its launch stage" if resume else f"again from stage '{first}'{', only' if only else ''}"
+        say(f"run directory: {run.path} ({again})")
+        set_aside(run.path, [s for s in stages if not (resume and s == "launch")])  # a resumed launch stays
     else:
         preflight(cfg)  # bad input fails here, before the run directory exists
         run = RunDir(cfg)

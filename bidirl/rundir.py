@@ -58,18 +58,8 @@ class RunDir:
         """An existing run directory, to run some of its stages again (``bidirl run --from``): its
         metrics are appended to, its ``config.yaml`` kept (the config of this re-run goes beside it), and
         a new W&B run joins the directory's group."""
-        run = cls.__new__(cls)
-        run.path = Path(path)
         stamp = time.strftime('%Y%m%d-%H%M%S')
-        (run.path / f"config.rerun-{stamp}.yaml").write_text(to_yaml(cfg))
-        run._metrics = open(run.path / "metrics.jsonl", "a", buffering=1)
-        try:
-            run._wandb = _start_wandb(cfg, run.path, rerun=stamp)
-        except BidirlError:
-            run._metrics.close()
-            raise
-        run.started = time.time()
-        return run
+        return cls._reopen(cfg, Path(path), f"config.rerun-{stamp}.yaml", rerun=stamp)
 
     @classmethod
     def resumed(cls, cfg: PipelineConfig, path: str | Path, version: int) -> "RunDir":
@@ -77,21 +67,27 @@ class RunDir:
         steps (trained before a crash, then lost with it) and evaluations (the resumed run evaluates every
         snapshot again) move to ``metrics.rolled-back.jsonl``, so every step appears once; the resumed
         config goes beside the original; W&B resumes the same run."""
-        run = cls.__new__(cls)
-        run.path = Path(path)
-        metrics = run.path / "metrics.jsonl"
-        rows = metrics.read_text().splitlines() if metrics.exists() else []
-        # held-out evaluations are logged after training, all of them again by the resumed run
-        kept = [r for r in rows if json.loads(r).get("step", 0) <= version and "eval_accuracy" not in json.loads(r)]
-        later = [r for r in rows if r not in kept]
+        metrics = Path(path) / "metrics.jsonl"
+        kept, later = [], []
+        for line in metrics.read_text().splitlines() if metrics.exists() else []:
+            row = json.loads(line)
+            # held-out evaluations are logged after training, all of them again by the resumed run
+            (kept if row.get("step", 0) <= version and "eval_accuracy" not in row else later).append(line)
         if later:
-            with open(run.path / "metrics.rolled-back.jsonl", "a") as out:
+            with open(metrics.with_name("metrics.rolled-back.jsonl"), "a") as out:
                 out.write("\n".join(later) + "\n")
-        _write_atomic(metrics, "".join(r + "\n" for r in kept))
-        (run.path / f"config.resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml").write_text(to_yaml(cfg))
-        run._metrics = open(metrics, "a", buffering=1)
+        _write_atomic(metrics, "".join(line + "\n" for line in kept))
+        return cls._reopen(cfg, Path(path), f"config.resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml", resume=True)
+
+    @classmethod
+    def _reopen(cls, cfg: PipelineConfig, path: Path, config_name: str, **wandb: Any) -> "RunDir":
+        """An existing run directory, appended to: this config beside its own, its metrics, W&B."""
+        run = cls.__new__(cls)
+        run.path = path
+        (path / config_name).write_text(to_yaml(cfg))
+        run._metrics = open(path / "metrics.jsonl", "a", buffering=1)
         try:
-            run._wandb = _start_wandb(cfg, run.path, resume=True)
+            run._wandb = _start_wandb(cfg, path, **wandb)
         except BidirlError:
             run._metrics.close()
             raise

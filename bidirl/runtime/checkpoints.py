@@ -30,9 +30,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from bidirl.errors import BidirlError
+
+if TYPE_CHECKING:
+    from bidirl.config import PipelineConfig
 
 FOLDER = "checkpoints"
 CONTROLLER_FILE = "controller.json"
@@ -128,6 +131,17 @@ def latest_good(run_path: Path, warn: Callable[[str], None]) -> Optional[Checkpo
             return Checkpoint(path, int(state["version"]), state)
         warn(f"warning: checkpoint {path} skipped: {problem}")
     return None
+
+
+def check_compatible(checkpoint: Checkpoint, cfg: "PipelineConfig") -> None:
+    """The run ``cfg`` describes can continue from ``checkpoint``: the same batch, and steps left to train."""
+    trained = checkpoint.state["groups_per_step"]
+    if trained != cfg.train.prompts_per_step:
+        raise BidirlError(f"{checkpoint.path}: the checkpoint trained {trained} prompts per step, this run is "
+                          f"configured for {cfg.train.prompts_per_step} (train.prompts_per_step)")
+    if checkpoint.version >= cfg.train.steps:
+        raise BidirlError(f"{checkpoint.path}: the checkpoint is at version {checkpoint.version}, and train.steps="
+                          f"{cfg.train.steps}: nothing is left to train (raise train.steps to continue)")
 
 
 def _sha256(path: Path) -> str:

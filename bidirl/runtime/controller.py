@@ -393,21 +393,15 @@ class Controller:
         ``version * B``: the prompt sampler is seeded, so it is redrawn to there."""
         cluster = self.cluster
         return {"version": cluster.version, "seed": self.cfg.seed, "groups_per_step": cluster.B,
-                "drawn_groups": cluster.version * cluster.B, "trained_groups": cluster.trained_groups,
-                "untrained_groups": cluster.admitted - cluster.trained_groups,
+                "drawn_groups": cluster.version * cluster.B, "untrained_groups": cluster.admitted - cluster.trained_groups,
                 "staleness": {str(k): v for k, v in cluster.staleness.items()},
                 "homes": [d.home.value for d in cluster.devices], "policy": self.policy.label,
                 "report": self.report.checkpoint_state(cluster.version)}
 
     def resume_from(self, resume: Checkpoint, restart: int) -> None:
         state = resume.state
-        if state["groups_per_step"] != self.cluster.B:
-            raise BidirlError(f"{resume.path}: the checkpoint trained {state['groups_per_step']} prompts per step, this "
-                              f"run is configured for {self.cluster.B} (train.prompts_per_step)")
-        if resume.version >= self.cfg.train.steps:
-            raise BidirlError(f"{resume.path}: the checkpoint is at version {resume.version}, and train.steps="
-                              f"{self.cfg.train.steps}: nothing is left to train (raise train.steps to continue)")
-        self.cluster.resume_at(resume.version, {int(k): v for k, v in state["staleness"].items()})
+        checkpoints.check_compatible(resume, self.cfg)
+        self.cluster.resume_at(resume.version, state["staleness"])
         self.data.sampler.skip(state["drawn_groups"])
         self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),
                                    "discarded_groups": state["untrained_groups"], "restart": restart})

@@ -157,14 +157,11 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     default a new run directory under ``output_dir``, named now so that a restarted controller finds it.
     ``resume``: ``run_path`` is an existing run, to continue from its latest good checkpoint."""
     from bidirl.models.sources import prepare_model
+    from bidirl.rundir import new_run_path
     from bidirl.runtime_env import prepare_process
     from bidirl.ui import say
 
-    from bidirl.rundir import new_run_path
-
-    if resume:
-        check_resumable(run_path)
-    check_plan(cfg)
+    check_plan(cfg)  # (a --resume was checked by the caller, before it wrote anything)
     check_devices(cfg, topo)  # before anything is downloaded
     prepare_process(cfg.cluster.device_type)
     model = prepare_model(cfg, report=say)
