@@ -316,7 +316,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
             raise BidirlError(f"--resume: pipeline '{cfg.name}' has no launch stage to resume")
         from bidirl.runtime.launch import check_resumable
 
-        check_resumable(str(Path(run_dir) / "launch") if run_dir else None)
+        check_resumable(str(Path(run_dir) / "launch") if run_dir else None, cfg)
         first = "launch"
     if first is not None:
         stages = rerun_stages(cfg, first, only)

@@ -148,7 +148,7 @@ def launch(
         chosen = list(overrides or [])
         asked = _config(pipeline, chosen)
         if resume is not None:
-            check_resumable(str(resume))
+            check_resumable(str(resume), asked)
         check_plan(asked)  # impossible settings and missing devices: one line, before any note or download
         check_devices(asked, topology_of(asked, nnodes, node_rank, nproc_per_node, rdzv_endpoint))
         chosen += live_partition(asked)  # cluster.rollout_devices=0: the planner's split

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bidirl.runtime.checkpoints import seal
+
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "pipelines/cpu-tiny.yaml"
@@ -34,6 +36,10 @@ def files(tmp: Path) -> dict:
     (torn / "checkpoints" / "v00003").mkdir(parents=True)
     (torn / "config.yaml").write_text("name: torn\n")
     (torn / "checkpoints" / "v00003" / "MANIFEST.json").write_text(json.dumps({"model.safetensors": {"bytes": 9}}))
+    done = tmp / "done-run"  # a good checkpoint at version 6
+    (done / "checkpoints" / ".partial-v00006").mkdir(parents=True)
+    (done / "config.yaml").write_text("name: done\n")
+    seal(done / "checkpoints" / ".partial-v00006", {"version": 6, "groups_per_step": 16}, 3)
     return {"tmp": tmp}
 
 
@@ -80,6 +86,8 @@ CASES = {
     "resume a file": (["launch", TINY, "--resume", "{tmp}/a-file"], "a-file: not a run directory"),
     "resume a run without checkpoints": (["launch", TINY, "--resume", "{tmp}/old-run"], "no checkpoint yet"),
     "resume from a corrupt checkpoint": (["launch", TINY, "--resume", "{tmp}/torn-run"], "none of its checkpoints"),
+    "resume with nothing left to train": (["launch", TINY, "--resume", "{tmp}/done-run", "train.steps=6",
+                                           "train.prompts_per_step=16"], "nothing is left to train"),
     "resume a pipeline run without its launch": (["run", TINY, "stages=[plan,launch]", "--resume", "{tmp}/old-run"],
                                                  "old-run/launch: not a run directory"),
     # names

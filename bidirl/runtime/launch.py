@@ -187,10 +187,10 @@ def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:
     return {key: "lo" for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in environ}
 
 
-def check_resumable(run_path: Optional[str]) -> None:
+def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
     """``--resume RUN``: a run directory with a checkpoint that verifies, checked before anything starts
     (a newer one that does not verify is skipped with a warning, as the controller will)."""
-    from bidirl.runtime.checkpoints import FOLDER, latest_good, sealed
+    from bidirl.runtime.checkpoints import FOLDER, check_compatible, latest_good, sealed
     from bidirl.ui import say
 
     if not run_path or not os.path.isdir(run_path) or not os.path.isfile(os.path.join(run_path, "config.yaml")):
@@ -199,10 +199,12 @@ def check_resumable(run_path: Optional[str]) -> None:
         raise BidirlError(f"--resume {run_path}: the run has no checkpoint yet ({FOLDER}/v*/; "
                           "train.checkpoint_every sets how often a run writes one)")
     warnings: List[str] = []
-    if latest_good(run_path, warn=warnings.append) is None:
+    checkpoint = latest_good(run_path, warn=warnings.append)
+    if checkpoint is None:
         newest = warnings[0].split("skipped: ")[-1]
         raise BidirlError(f"--resume {run_path}: none of its checkpoints verifies against its MANIFEST.json (the "
                           f"newest: {newest}); start a new run")
+    check_compatible(checkpoint, cfg)  # here, not after torchrun has started every process
     for warning in warnings:
         say(warning)
 
