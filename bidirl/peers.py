@@ -42,14 +42,14 @@ def train_with_trl(cfg: "PipelineConfig", folder: Path, threads: int = 1) -> Dic
 
     from bidirl.data import load_problems
     from bidirl.models.sources import load_model, prepare_model
-    from bidirl.prompts import format_prompt
+    from bidirl.prompts import PromptBuilder
     from bidirl.reward import numeric_reward
 
     torch.set_num_threads(threads)
     path = prepare_model(cfg).path
     model, tokenizer = load_model(path, cfg.model.dtype)
-    rows = [{"prompt": format_prompt(p, cfg.data.prompt_style, tokenizer), "answer": p.answer}
-            for p in load_problems(cfg.data, "train")]
+    prompt = PromptBuilder.for_run(cfg.data, tokenizer)  # the run's own prompts, few-shot examples included
+    rows = [{"prompt": prompt(p), "answer": p.answer} for p in load_problems(cfg.data, "train")]
 
     def reward(completions: List[str], answer: List[str], **_: object) -> List[float]:
         return [numeric_reward(c, a, cfg.algorithm.format_reward) for c, a in zip(completions, answer)]
@@ -94,10 +94,10 @@ def train_with_trl(cfg: "PipelineConfig", folder: Path, threads: int = 1) -> Dic
 def held_out_accuracy(cfg: "PipelineConfig", model: Any, tokenizer: Any) -> float:
     from bidirl.data import load_problems
     from bidirl.evaluate import greedy_accuracy
-    from bidirl.prompts import format_prompt
+    from bidirl.prompts import PromptBuilder
 
     held_out = load_problems(cfg.data, "test")
-    prompt = lambda p: format_prompt(p, cfg.data.prompt_style, tokenizer)  # noqa: E731
+    prompt = PromptBuilder.for_run(cfg.data, tokenizer)
     return greedy_accuracy(model.eval(), tokenizer, held_out, prompt, cfg.rollout.max_new_tokens).accuracy
 
 
