@@ -256,7 +256,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         that work ends, where generation cannot be interrupted for a load (the live runtime): the
         placement rule (``fill_rollout``) gives them no new groups until that tail ends, so each decodes
         a few sequences at a fraction of its capacity while admissible work waits."""
-        return [d for d in cluster.devices
+        devices = cluster.devices  # (only generating devices qualify: the cluster keeps that set)
+        return [d for d in (devices[i] for i in sorted(cluster.generating))
                 if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT and d.state is DeviceState.GENERATING
                 and d.after_work in ([], ["load"]) and cluster.inflight[d.index]
                 and max(cluster.inflight_by_version[d.index]) < cluster.weights_next(d)]

@@ -481,8 +481,10 @@ class Simulator:
     def reschedule_ticks(self) -> None:
         for index in self.dirty:
             instance = self.instances[index]
+            if self.ticked.get(index) == instance.epoch:
+                continue  # its tick for this epoch is in the heap already
             when: Optional[float] = instance.next_finish()
-            if when is not None and self.ticked.get(index) != instance.epoch:
+            if when is not None:
                 self.ticked[index] = instance.epoch
                 self.push(when, Tick(index, instance.epoch))
         self.dirty.clear()
