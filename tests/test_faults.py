@@ -172,3 +172,38 @@ def test_a_finished_run_resumed_with_more_steps_continues_its_curve_in_the_same_
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r]
     assert steps == list(range(1, STEPS + 1)) and [p["step"] for p in summary["curve"]] == [0, 3, 6, 9]
     assert summary["samples_per_s"] > 0 and summary["steps"] == STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", [ROLLOUT, PRIMARY], ids=["receiver", "sender"])
+def test_a_worker_lost_during_a_weight_publish_never_leaves_a_version_half_applied(tmp_path, device):
+    # killed in attempt 0 while version 5 is published: the primary before it sends, the rollout device
+    # after the transfer and before staging it; the restart resumes from checkpoint v3. On-policy (eta 0),
+    # every sample is generated with the weights its step trains, so every step checks that the rollout
+    # engine serves exactly the trainer's version (fresh_logp_gap: zero up to numerics), never a mix
+    launcher = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "algorithm.staleness=0",
+                     env={"BIDIRL_FAULT_KILL_IN_PUBLISH": f"{device}:5"})
+    output, _ = launcher.communicate(timeout=HARD_TIMEOUT_S)
+    assert launcher.returncode == 0, output[-4000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    summary = assert_every_step_trained_exactly_once(run)
+    assert summary["resumed"]["restart"] == 1 and summary["resumed"]["from_version"] == 3
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r]
+    assert all(r["staleness_max"] == 0 and r["fresh_logp_gap"] < 1e-5 for r in rows), \
+        [(r["step"], r.get("fresh_logp_gap")) for r in rows]
+
+
+def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_in_one_line_and_keeps_the_previous(tmp_path):
+    # from the primary's checkpoint of v6 on, the kernel refuses its writes (EFBIG, as a full disk does)
+    launcher = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", env={"BIDIRL_FAULT_DISK_FULL": "6"})
+    output, _ = launcher.communicate(timeout=HARD_TIMEOUT_S)
+    assert launcher.returncode == 2, output[-4000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    errors = [line for line in output.splitlines() if line.startswith("error")]
+    assert errors[0].startswith(f"error (rank 0): checkpoint v00006: the primary trainer could not write "
+                                f"{run / FOLDER / '.partial-v00006'} (File too large); free space")
+    assert errors[-1].startswith("error: the runtime stopped on the error above, which a restart cannot fix")
+    assert errors[-1].endswith(f"resume with --resume {run}")
+    assert "restart 1 after a process failed" not in output  # no attempt resumed only to meet it again
+    assert [c.name for c in sealed(run / FOLDER)] == ["v00003"] and verify(sealed(run / FOLDER)[0]) is None
+    assert not list((run / FOLDER).glob(".partial-*"))

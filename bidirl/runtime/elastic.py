@@ -3,7 +3,8 @@
 The same elastic agent (restarts after a dead process included), but when the worker group finally
 fails it ends with one line per failed rank -- which process, how it died, how to resume -- instead of
 torchrun's multi-line report and traceback. A rank that failed on a user error has already printed its
-own ``error (rank R): ...`` line.
+own ``error (rank R): ...`` line; since a restart would meet that error again, the attempts torchrun
+still starts end at once (``bidirl.runtime.main.FATAL_KEY``), and the launch exits with code 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def describe_failures(failures: Dict[int, object], restarts: int) -> str:
     """One line: every failed rank (0 is the controller, R > 0 device R - 1, its pool from the run's
     ``devices.json``) and how it ended."""
     run = os.environ.get("BIDIRL_RUN_PATH", "")
+    tail = f"; their output is above, and the run's checkpoints (if any) resume with --resume {run}" if run else ""
+    if stopped_on_an_error(failures):
+        return (f"the runtime stopped on the error above, which a restart cannot fix (any restart that followed "
+                f"ended at once){tail.replace('their output is above, and ', '')}")
     roles = _roles(run)
     # torchrun stops every other process of the group with SIGTERM once one fails: name the cause
     causes = {r: f for r, f in failures.items() if getattr(f, "exitcode", None) != -15} or failures
@@ -30,8 +35,14 @@ def describe_failures(failures: Dict[int, object], restarts: int) -> str:
         parts.append(f"{who} {how}")
     if len(causes) < len(failures):
         parts[-1] += f" (torchrun then stopped the other {len(failures) - len(causes)})"
-    tail = f"; their output is above, and the run's checkpoints (if any) resume with --resume {run}" if run else ""
     return f"the runtime failed after {restarts} restart(s): {', '.join(parts)}{tail}"
+
+
+def stopped_on_an_error(failures: Dict[int, object]) -> bool:
+    """Did the group end on a rank's BidirlError (bad input, a full disk: exit code 2), every other rank
+    stopped by torchrun or ending at once because of it (``bidirl.runtime.main.FATAL_KEY``)?"""
+    codes = [getattr(f, "exitcode", None) for f in failures.values()]
+    return 2 in codes and all(code in (2, -15) for code in codes)
 
 
 def _roles(run: str) -> Dict[int, str]:
@@ -52,7 +63,7 @@ def main(argv: list) -> int:
         run(args)
     except ChildFailedError as exc:
         print(f"error: {describe_failures(exc.failures, args.max_restarts)}", file=sys.stderr)
-        return 1
+        return 2 if stopped_on_an_error(exc.failures) else 1
     return 0
 
 

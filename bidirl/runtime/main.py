@@ -12,6 +12,12 @@ from typing import Any, Callable, Optional
 
 # the pipeline's config -> (mean response length -> rollout devices): the planner, for re-planning
 ChooseFor = Callable[[Any], Callable[[float], int]]
+# Set in torchrun's store (which outlives restarts of the worker group) by a rank that stopped on a
+# BidirlError with exit code 2: bad input or the machine (a checkpoint that cannot be written on a full
+# disk). A restart meets the same error, so torchrun's remaining restarts end at once with STOPPED_EXIT;
+# a dead or crashed process (anything else) is restarted and resumes from the latest good checkpoint.
+FATAL_KEY = "bidirl/fatal"
+STOPPED_EXIT = 2
 
 
 def main(argv: list, choose_for: Optional[ChooseFor] = None) -> int:
@@ -48,21 +54,28 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     # torchrun keeps its store across restarts of the worker group: each attempt gets its own key space
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     prefix = f"bidirl/{restart}"
-    store, _, _ = next(dist.rendezvous("env://"))
-    store = dist.PrefixStore(prefix, store)
+    shared, _, _ = next(dist.rendezvous("env://"))
+    if restart and shared.check([FATAL_KEY]):  # an earlier attempt stopped on an error (its line is above)
+        return STOPPED_EXIT  # that a restart cannot fix: end this attempt at once, before any engine is built
+    store = dist.PrefixStore(prefix, shared)
     store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
     mailbox = Mailbox(store)
-    if rank == 0:
-        choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
-        return _control(cfg, mailbox, devices, model_path, choose, restart)
-    from bidirl.runtime.worker import Worker
+    try:
+        if rank == 0:
+            choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
+            return _control(cfg, mailbox, devices, model_path, choose, restart)
+        from bidirl.runtime.worker import Worker
 
-    # the weight sender/receiver thread gets its own store connection: threads never share a socket
-    receiver_store = dist.PrefixStore(prefix, next(dist.rendezvous("env://"))[0])
-    receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
-    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
-           placement=describe(placement, cfg.cluster.device_type)).run()
-    return 0
+        # the weight sender/receiver thread gets its own store connection: threads never share a socket
+        receiver_store = dist.PrefixStore(prefix, next(dist.rendezvous("env://"))[0])
+        receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
+        Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
+               placement=describe(placement, cfg.cluster.device_type)).run()
+        return 0
+    except BidirlError as exc:
+        if exc.exit_code == BidirlError.exit_code:  # the input or the machine (a full disk), not a lost process:
+            shared.set(FATAL_KEY, str(exc))  # every later attempt would meet it again, so none starts
+        raise
 
 
 def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int) -> int:

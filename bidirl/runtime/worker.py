@@ -237,6 +237,7 @@ class Worker:
             if isinstance(command, msg.Stop):
                 return
             start = time.perf_counter()
+            self.die_if_told("BIDIRL_FAULT_KILL_IN_PUBLISH", command.version)  # (before sending)
             groups.broadcast_weights(flat, self.devices)
             mailbox.post(msg.WeightsStaged(device=self.device, version=command.version,
                                            transfer_s=time.perf_counter() - start))
@@ -248,6 +249,7 @@ class Worker:
                                 device=self.params[0].device)
         start = time.perf_counter()
         groups.broadcast_weights(flat, self.devices)
+        self.die_if_told("BIDIRL_FAULT_KILL_IN_PUBLISH", command.version)  # (received, not yet staged)
         if command.keep:
             with self.staged_ready:
                 self.staged[command.version] = flat
@@ -327,6 +329,7 @@ class Worker:
 
     def checkpoint(self, command: msg.SaveCheckpoint) -> msg.CheckpointSaved:
         try:
+            self.fill_disk_if_told(self.train.version)
             self.train.save(command.path)  # HF weights + optimizer + version, written atomically
         except OSError as exc:  # disk full, folder not writable: the controller says so in one line
             return msg.CheckpointSaved(path=command.path, version=self.train.version, error=exc.strerror or str(exc))
@@ -354,6 +357,29 @@ class Worker:
                 subprocess.Popen(["sh", "-c", f"sleep {float(seconds)}; kill -CONT {os.getpid()}"],
                                  start_new_session=True)
                 os.kill(os.getpid(), signal.SIGSTOP)
+
+    def die_if_told(self, variable: str, version: int) -> None:
+        """Fault injection for tests (``BIDIRL_FAULT_KILL_IN_PUBLISH=device:version``): this device's
+        process is killed by SIGKILL in the middle of publishing ``version`` -- the primary before it sends,
+        a receiver after the transfer and before staging -- in the first attempt only (torchrun's restart
+        then resumes the run)."""
+        fault = os.environ.get(variable, "")
+        if fault and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
+                and fault == f"{self.device}:{version}":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    @staticmethod
+    def fill_disk_if_told(version: int) -> None:
+        """Fault injection for tests (``BIDIRL_FAULT_DISK_FULL=version``): from the checkpoint of ``version``
+        on, the kernel refuses this process every write that grows a file (RLIMIT_FSIZE 0: EFBIG, the way
+        a full disk refuses with ENOSPC)."""
+        fault = os.environ.get("BIDIRL_FAULT_DISK_FULL", "")
+        if fault and int(fault) == version:
+            import resource  # (Python ignores SIGXFSZ: the write fails, the process lives)
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
     # ---- checks -------------------------------------------------------------------------------
     def logprob_gap(self, probe: "tuple[Sample, ...]") -> Dict[str, float]:
