@@ -148,11 +148,12 @@ def run_fault(name: str, work: Path, cache: Path, timeout_s: float = 900) -> Dic
     args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={cache}", *SMALL,
             *overrides]
     started = time.time()
-    launcher = subprocess.Popen(BIDIRL + args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "output.log"
+    with log.open("w") as sink:
+        launcher = subprocess.Popen(BIDIRL + args, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     watch, killed = Watch(root, launcher), False
-    output: List[str] = []
-    os.set_blocking(launcher.stdout.fileno(), False)
     while launcher.poll() is None:
         watch.poll()
         if when is not None and not killed and watch.pids and when(watch):
@@ -162,9 +163,7 @@ def run_fault(name: str, work: Path, cache: Path, timeout_s: float = 900) -> Dic
         if time.time() - started > timeout_s:
             launcher.kill()
             raise SystemExit(f"{name}: the run did not end within {timeout_s:.0f} s")
-        output.append(launcher.stdout.read() or "")
         time.sleep(0.1)
-    output.append(launcher.stdout.read() or "")
     watch.poll()
     wall = time.time() - started
     run = watch.run
@@ -172,7 +171,7 @@ def run_fault(name: str, work: Path, cache: Path, timeout_s: float = 900) -> Dic
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r]
     redone = sorted(r["step"] for r in read_jsonl(run / "metrics.rolled-back.jsonl") if "reward_mean" in r)
     resumed = summary.get("resumed") or {}
-    lines = [line for line in "".join(output).splitlines() if line.startswith("error")]
+    lines = [line for line in log.read_text().splitlines() if line.startswith("error")]
     return {"fault": name, "exit": launcher.returncode, "wall_s": round(wall, 1), "status": summary.get("status"),
             "steps": steps, "steps_expected": STEPS, "missing": sorted(set(range(1, STEPS + 1)) - set(steps)),
             "repeated": sorted({s for s in steps if steps.count(s) > 1}), "redone_after_resume": redone,
