@@ -85,7 +85,7 @@ class Watch:
         self.pids: Dict[int, int] = {}  # attempt 0's device processes: pid -> device
         self.fault_at: Optional[float] = None
 
-    def poll(self) -> None:
+    def poll(self, processes: bool = True) -> None:
         runs = self.root / "runs"
         if self.run == runs and runs.is_dir():
             found = list(runs.iterdir())
@@ -102,6 +102,8 @@ class Watch:
                     self.rows_seen.setdefault((row["step"], row.get("time_s")), time.time())
                 elif row.get("event") == "resumed" and self.fault_at and self.resumed_at is None:
                     self.resumed_at = time.time()
+        if not processes:  # (the run has ended: its processes are gone, and that is no fault)
+            return
         alive = self.device_processes()
         if not self.pids and len(alive) == 2:
             self.pids = alive
@@ -120,7 +122,11 @@ class Watch:
 
     def device_processes(self) -> Dict[int, int]:
         out = {}
-        for child in psutil.Process(self.launcher.pid).children(recursive=True):
+        try:
+            children = psutil.Process(self.launcher.pid).children(recursive=True)
+        except psutil.Error:  # (the launcher ended between two polls)
+            return out
+        for child in children:
             try:
                 rank = child.environ().get("RANK")
                 if rank not in (None, "0") and "bidirl.torchrun_main" in " ".join(child.cmdline()) \
@@ -164,7 +170,7 @@ def run_fault(name: str, work: Path, cache: Path, timeout_s: float = 900) -> Dic
             launcher.kill()
             raise SystemExit(f"{name}: the run did not end within {timeout_s:.0f} s")
         time.sleep(0.1)
-    watch.poll()
+    watch.poll(processes=False)
     wall = time.time() - started
     run = watch.run
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
