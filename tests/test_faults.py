@@ -207,3 +207,24 @@ def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_in_one_line_and_kee
     assert "restart 1 after a process failed" not in output  # no attempt resumed only to meet it again
     assert [c.name for c in sealed(run / FOLDER)] == ["v00003"] and verify(sealed(run / FOLDER)[0]) is None
     assert not list((run / FOLDER).glob(".partial-*"))
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_resumed_continues_its_launch_stage_and_runs_the_stages_after_it(tmp_path):
+    common = ["run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", f"output_dir={tmp_path}/runs",
+              f"model.cache_dir={tmp_path}/cache", *SMALL, "cluster.devices=2", "launch.mode=async",
+              "cluster.rollout_devices=1", f"train.checkpoint_every={EVERY}", "logging.eval_every=3"]
+    first = subprocess.run(BIDIRL + common + ["train.steps=6"], capture_output=True, text=True, timeout=HARD_TIMEOUT_S)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    more = subprocess.run(BIDIRL + common + [f"train.steps={STEPS}", "--resume", str(run)], capture_output=True,
+                          text=True, timeout=HARD_TIMEOUT_S)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]  # the same run directory
+    launch = json.loads((run / "launch" / "summary.json").read_text())
+    assert launch["resumed"]["from_version"] == 6 and launch["steps"] == STEPS
+    steps = [r["step"] for r in read_jsonl(run / "launch" / "metrics.jsonl") if "reward_mean" in r]
+    assert steps == list(range(1, STEPS + 1)) and [p["step"] for p in launch["curve"]] == [0, 3, 6, 9]
+    pipeline = json.loads((run / "summary.json").read_text())
+    assert pipeline["status"] == "ok" and pipeline["launch"]["steps"] == STEPS
+    assert (run / "report.md").is_file()
