@@ -139,6 +139,23 @@ def test_a_group_that_finally_fails_ends_in_one_line_naming_each_dead_process_an
         f"and the run's checkpoints (if any) resume with --resume {tmp_path}")
 
 
+def test_a_group_stopped_by_an_error_a_restart_cannot_fix_is_not_described_as_dead_processes(monkeypatch, tmp_path):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from bidirl.runtime.elastic import describe_failures, stopped_on_an_error
+
+    monkeypatch.setenv("BIDIRL_RUN_PATH", str(tmp_path))
+    # the last attempt: every rank saw bidirl's mark in the store and ended at once (exit 2), or was stopped
+    stopped = {0: ProcessFailure(0, 4240, 2, "/nonexistent"), 1: ProcessFailure(1, 4241, 2, "/nonexistent"),
+               2: ProcessFailure(2, 4242, -15, "/nonexistent")}
+    assert stopped_on_an_error(stopped)
+    assert describe_failures(stopped, 2) == (
+        "the runtime stopped on the error above, which a restart cannot fix (any restart that followed ended at "
+        f"once); the run's checkpoints (if any) resume with --resume {tmp_path}")
+    killed = {**stopped, 2: ProcessFailure(2, 4242, -9, "/nonexistent")}  # a dead process is no user error
+    assert not stopped_on_an_error(killed)
+
+
 @pytest.mark.slow
 def test_a_dead_process_with_no_restarts_left_ends_the_run_in_one_line_naming_it(tmp_path):
     launcher, deadline = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "launch.max_restarts=0"), \
