@@ -26,6 +26,12 @@ class RunFailed(BidirlError):
     exit_code = 1
 
 
+class Unrecoverable(BidirlError):
+    """An error a restart of the worker group would meet again: the machine refuses what the run must do
+    (a checkpoint that cannot be written on a full disk). Exit code 2, and torchrun's remaining restarts
+    end at once (``bidirl.runtime.main``)."""
+
+
 class ConfigError(BidirlError):
     """The pipeline YAML or a ``key=value`` override is invalid."""
 

@@ -37,6 +37,19 @@ def wait_for(condition, process: subprocess.Popen, deadline: float) -> None:
         time.sleep(0.2)
 
 
+def ended(launcher: subprocess.Popen, deadline: float) -> str:
+    """The run's output once it ends; a hang past ``deadline`` kills its whole process tree and fails."""
+    try:
+        return launcher.communicate(timeout=max(1.0, deadline - time.time()))[0]
+    except subprocess.TimeoutExpired:
+        for process in psutil.Process(launcher.pid).children(recursive=True) + [psutil.Process(launcher.pid)]:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        pytest.fail("the run hung")
+
+
 def device_process(launcher: subprocess.Popen, device: int, required: bool = True) -> psutil.Process:
     """The torchrun worker process of ``device`` (rank device + 1; rank 0 is the controller)."""
     for child in psutil.Process(launcher.pid).children(recursive=True):
@@ -65,11 +78,7 @@ def killed_mid_run(root: Path, device: int, *overrides, when=checkpoint_and_a_la
     (run,) = runs.iterdir()
     wait_for(lambda: when(run, launcher, device), launcher, deadline)
     device_process(launcher, device).send_signal(signal.SIGKILL)
-    try:
-        output, _ = launcher.communicate(timeout=max(1.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        launcher.kill()
-        pytest.fail("the run hung after the kill")
+    output = ended(launcher, deadline)
     assert launcher.returncode == 0, output[-4000:]
     return run
 
@@ -145,8 +154,8 @@ def test_a_group_stopped_by_an_error_a_restart_cannot_fix_is_not_described_as_de
     from bidirl.runtime.elastic import describe_failures, stopped_on_an_error
 
     monkeypatch.setenv("BIDIRL_RUN_PATH", str(tmp_path))
-    # the last attempt: every rank saw bidirl's mark in the store and ended at once (exit 2), or was stopped
-    stopped = {0: ProcessFailure(0, 4240, 2, "/nonexistent"), 1: ProcessFailure(1, 4241, 2, "/nonexistent"),
+    # the last attempt: every rank saw bidirl's mark in the store and ended at once (STOPPED_EXIT), or was stopped
+    stopped = {0: ProcessFailure(0, 4240, 3, "/nonexistent"), 1: ProcessFailure(1, 4241, 3, "/nonexistent"),
                2: ProcessFailure(2, 4242, -15, "/nonexistent")}
     assert stopped_on_an_error(stopped)
     assert describe_failures(stopped, 2) == (
@@ -154,6 +163,8 @@ def test_a_group_stopped_by_an_error_a_restart_cannot_fix_is_not_described_as_de
         f"once); the run's checkpoints (if any) resume with --resume {tmp_path}")
     killed = {**stopped, 2: ProcessFailure(2, 4242, -9, "/nonexistent")}  # a dead process is no user error
     assert not stopped_on_an_error(killed)
+    unmarked = {0: ProcessFailure(0, 4240, 2, "/nonexistent"), 1: ProcessFailure(1, 4241, -15, "/nonexistent")}
+    assert not stopped_on_an_error(unmarked)  # (its own line says what; restarts were not stopped for it)
 
 
 @pytest.mark.slow
@@ -200,20 +211,20 @@ def test_a_worker_lost_during_a_weight_publish_never_leaves_a_version_half_appli
     # engine serves exactly the trainer's version (fresh_logp_gap: zero up to numerics), never a mix
     launcher = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "algorithm.staleness=0",
                      env={"BIDIRL_FAULT_KILL_IN_PUBLISH": f"{device}:5"})
-    output, _ = launcher.communicate(timeout=HARD_TIMEOUT_S)
+    output = ended(launcher, time.time() + HARD_TIMEOUT_S)
     assert launcher.returncode == 0, output[-4000:]
     (run,) = (tmp_path / "runs").iterdir()
     summary = assert_every_step_trained_exactly_once(run)
     assert summary["resumed"]["restart"] == 1 and summary["resumed"]["from_version"] == 3
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r]
-    assert all(r["staleness_max"] == 0 and r["fresh_logp_gap"] < 1e-5 for r in rows), \
+    assert all(r["staleness_max"] == 0 and r["fresh_logp_gap"] < 1e-4 for r in rows), \
         [(r["step"], r.get("fresh_logp_gap")) for r in rows]
 
 
 def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_in_one_line_and_keeps_the_previous(tmp_path):
     # from the primary's checkpoint of v6 on, the kernel refuses its writes (EFBIG, as a full disk does)
     launcher = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", env={"BIDIRL_FAULT_DISK_FULL": "6"})
-    output, _ = launcher.communicate(timeout=HARD_TIMEOUT_S)
+    output = ended(launcher, time.time() + HARD_TIMEOUT_S)
     assert launcher.returncode == 2, output[-4000:]
     (run,) = (tmp_path / "runs").iterdir()
     errors = [line for line in output.splitlines() if line.startswith("error")]

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from bidirl.config import PipelineConfig
-from bidirl.errors import BidirlError
+from bidirl.errors import BidirlError, Unrecoverable
 from bidirl.prompts import PromptBuilder
 from bidirl.rundir import RunDir
 from bidirl.runtime import checkpoints
@@ -113,10 +113,12 @@ class Controller:
     def __init__(self, cfg: PipelineConfig, mailbox: Any, run: RunDir, devices: int, tokenizer: Any,
                  prior: Tuple[Optional[Estimates], str] = (None, "none"),
                  choose: Optional[Callable[[float], int]] = None, resume: Optional[Checkpoint] = None,
-                 restart: int = 0):
+                 restart: int = 0, stop_restarts: Callable[[str], None] = lambda why: None):
         """``prior``: the cost estimates to start from and their source. ``choose``: mean response
         length -> rollout devices (the planner, from the layer above), for ``cluster.replan_every``.
-        ``resume``: the sealed checkpoint this run continues from (``restart``: torchrun's restart count)."""
+        ``resume``: the sealed checkpoint this run continues from (``restart``: torchrun's restart count).
+        ``stop_restarts``: called first thing on an :class:`Unrecoverable` error, before the workers stop."""
+        self.stop_restarts = stop_restarts
         self.cfg, self.mailbox, self.devices = cfg, mailbox, devices
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
@@ -201,6 +203,9 @@ class Controller:
             summary = {**self.report.summary(self.cluster, self.policy.label, rl_seconds, curve),
                        "checkpoint": checkpoint.path, "final_version": self.cluster.version,
                        "estimates": self.estimates_summary(), "replanning": self.replanning_summary()}
+        except Unrecoverable as exc:  # marked before anything else can fail (a full disk) or kill this process
+            self.stop_restarts(str(exc))
+            raise
         finally:
             self.stop_workers()
         return summary
@@ -360,7 +365,7 @@ class Controller:
         rename) with the controller's state at that version, and drop the oldest beyond the last K."""
         state = self.checkpoints_due.pop(reply.version)
         if reply.error:
-            raise BidirlError(f"checkpoint {checkpoints.name_of(reply.version)}: the primary trainer could not write "
+            raise Unrecoverable(f"checkpoint {checkpoints.name_of(reply.version)}: the primary trainer could not write "
                               f"{reply.path} ({reply.error}); free space or fix the run directory, then resume "
                               f"with --resume {self.report.run.path}")
         sealed = checkpoints.seal(Path(reply.path), state, self.cfg.train.keep_checkpoints)

@@ -3,8 +3,9 @@
 The same elastic agent (restarts after a dead process included), but when the worker group finally
 fails it ends with one line per failed rank -- which process, how it died, how to resume -- instead of
 torchrun's multi-line report and traceback. A rank that failed on a user error has already printed its
-own ``error (rank R): ...`` line; since a restart would meet that error again, the attempts torchrun
-still starts end at once (``bidirl.runtime.main.FATAL_KEY``), and the launch exits with code 2.
+own ``error (rank R): ...`` line, and the launch exits with code 2. Where a restart would meet that
+error again (bad input found as a rank starts, a checkpoint on a full disk), the attempts torchrun
+still starts end at once (``bidirl.runtime.main.FATAL_KEY``).
 """
 
 from __future__ import annotations
@@ -39,10 +40,18 @@ def describe_failures(failures: Dict[int, object], restarts: int) -> str:
 
 
 def stopped_on_an_error(failures: Dict[int, object]) -> bool:
-    """Did the group end on a rank's BidirlError (bad input, a full disk: exit code 2), every other rank
-    stopped by torchrun or ending at once because of it (``bidirl.runtime.main.FATAL_KEY``)?"""
+    """Did the last attempt end at once because an earlier one met an error that a restart cannot fix
+    (``bidirl.runtime.main.FATAL_KEY``: every rank exits with STOPPED_EXIT, or was stopped by torchrun)?"""
+    from bidirl.runtime.main import STOPPED_EXIT
+
     codes = [getattr(f, "exitcode", None) for f in failures.values()]
-    return 2 in codes and all(code in (2, -15) for code in codes)
+    return STOPPED_EXIT in codes and all(code in (STOPPED_EXIT, -15) for code in codes)
+
+
+def user_error(failures: Dict[int, object]) -> bool:
+    """Did the group end on bad input (a rank's BidirlError, exit code 2, with its own line above)?"""
+    codes = [getattr(f, "exitcode", None) for f in failures.values()]
+    return stopped_on_an_error(failures) or (2 in codes and all(code in (2, -15) for code in codes))
 
 
 def _roles(run: str) -> Dict[int, str]:
@@ -63,7 +72,7 @@ def main(argv: list) -> int:
         run(args)
     except ChildFailedError as exc:
         print(f"error: {describe_failures(exc.failures, args.max_restarts)}", file=sys.stderr)
-        return 2 if stopped_on_an_error(exc.failures) else 1
+        return 2 if user_error(exc.failures) else 1
     return 0
 
 

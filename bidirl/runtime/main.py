@@ -12,12 +12,15 @@ from typing import Any, Callable, Optional
 
 # the pipeline's config -> (mean response length -> rollout devices): the planner, for re-planning
 ChooseFor = Callable[[Any], Callable[[float], int]]
-# Set in torchrun's store (which outlives restarts of the worker group) by a rank that stopped on a
-# BidirlError with exit code 2: bad input or the machine (a checkpoint that cannot be written on a full
-# disk). A restart meets the same error, so torchrun's remaining restarts end at once with STOPPED_EXIT;
-# a dead or crashed process (anything else) is restarted and resumes from the latest good checkpoint.
+# Set in torchrun's store (whose server outlives restarts of the worker group, as torch 2.13's agent
+# keeps it) by a rank that stopped on an error every attempt would meet again: bad input, found while a
+# rank starts (its config, the device count, the placement), or :class:`~bidirl.errors.Unrecoverable`
+# later (a checkpoint that cannot be written on a full disk). Every attempt torchrun still starts then
+# ends at once with STOPPED_EXIT; a dead or crashed process is restarted and resumes from the latest
+# good checkpoint, and so is any other error (a stalled policy, replicas that diverged: a restart may
+# not meet them again).
 FATAL_KEY = "bidirl/fatal"
-STOPPED_EXIT = 2
+STOPPED_EXIT = 3  # (2 is a BidirlError's own exit: the rank that met the error says it)
 
 
 def main(argv: list, choose_for: Optional[ChooseFor] = None) -> int:
@@ -35,50 +38,56 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     import torch.distributed as dist
 
     from bidirl.config import load_config
-    from bidirl.errors import BidirlError
+    from bidirl.errors import BidirlError, Unrecoverable
     from bidirl.runtime.mailbox import Mailbox
     from bidirl.runtime.placement import claim, describe, gpus_on_this_node, placement_from_environment
     from bidirl.runtime_env import prepare_process
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    cfg = load_config(argv[0], argv[1:])
-    prepare_process(cfg.cluster.device_type)
-    placement = placement_from_environment(cfg.cluster.device_type)
-    claim(placement, cfg.cluster.device_type, visible=gpus_on_this_node())  # before anything opens CUDA
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    devices = world - 1
-    if devices != cfg.cluster.devices:
-        raise BidirlError(f"cluster.devices={cfg.cluster.devices} but torchrun started {devices} device ranks "
-                          f"(+1 controller); pass --nproc-per-node accordingly")
-    model_path = os.environ["BIDIRL_MODEL_PATH"]
     # torchrun keeps its store across restarts of the worker group: each attempt gets its own key space
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    prefix = f"bidirl/{restart}"
     shared, _, _ = next(dist.rendezvous("env://"))
     if restart and shared.check([FATAL_KEY]):  # an earlier attempt stopped on an error (its line is above)
         return STOPPED_EXIT  # that a restart cannot fix: end this attempt at once, before any engine is built
-    store = dist.PrefixStore(prefix, shared)
+
+    def stop_restarts(why: str) -> None:
+        shared.set(FATAL_KEY, why)
+
+    try:  # bad input: the same in every attempt
+        cfg = load_config(argv[0], argv[1:])
+        prepare_process(cfg.cluster.device_type)
+        placement = placement_from_environment(cfg.cluster.device_type)
+        claim(placement, cfg.cluster.device_type, visible=gpus_on_this_node())  # before anything opens CUDA
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        devices = world - 1
+        if devices != cfg.cluster.devices:
+            raise BidirlError(f"cluster.devices={cfg.cluster.devices} but torchrun started {devices} device ranks "
+                              f"(+1 controller); pass --nproc-per-node accordingly")
+    except BidirlError as exc:
+        stop_restarts(str(exc))
+        raise
+    model_path = os.environ["BIDIRL_MODEL_PATH"]
+    store = dist.PrefixStore(f"bidirl/{restart}", shared)
     store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
     mailbox = Mailbox(store)
-    try:
-        if rank == 0:
-            choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
-            return _control(cfg, mailbox, devices, model_path, choose, restart)
-        from bidirl.runtime.worker import Worker
+    if rank == 0:
+        choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
+        return _control(cfg, mailbox, devices, model_path, choose, restart, stop_restarts)
+    from bidirl.runtime.worker import Worker
 
-        # the weight sender/receiver thread gets its own store connection: threads never share a socket
-        receiver_store = dist.PrefixStore(prefix, next(dist.rendezvous("env://"))[0])
-        receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
+    # the weight sender/receiver thread gets its own store connection: threads never share a socket
+    receiver_store = dist.PrefixStore(f"bidirl/{restart}", next(dist.rendezvous("env://"))[0])
+    receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
+    try:
         Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
                placement=describe(placement, cfg.cluster.device_type)).run()
-        return 0
-    except BidirlError as exc:
-        if exc.exit_code == BidirlError.exit_code:  # the input or the machine (a full disk), not a lost process:
-            shared.set(FATAL_KEY, str(exc))  # every later attempt would meet it again, so none starts
+    except Unrecoverable as exc:
+        stop_restarts(str(exc))
         raise
+    return 0
 
 
-def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int) -> int:
+def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, stop_restarts) -> int:
     from transformers import AutoTokenizer
 
     from bidirl.runtime.controller import Controller
@@ -89,10 +98,14 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int) 
     say(f"run directory: {run.path}")
     try:
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
-                             prior=prior_from_environment(), choose=choose, resume=resume, restart=restart).run_all()
-    except BaseException:
-        run.finish({"status": "failed"})
-        raise
+                             prior=prior_from_environment(), choose=choose, resume=resume, restart=restart,
+                             stop_restarts=stop_restarts).run_all()
+    except BaseException as failure:
+        try:
+            run.finish({"status": "failed"})
+        except OSError:  # (a full disk: the failure being raised is what the user needs to read)
+            pass
+        raise failure
     run.finish(summary)
     return 0
 

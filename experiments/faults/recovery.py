@@ -167,7 +167,8 @@ def run_fault(name: str, work: Path, cache: Path, timeout_s: float = 900) -> Dic
             os.kill(pid, signal.SIGKILL)
             killed = True
         if time.time() - started > timeout_s:
-            launcher.kill()
+            for process in psutil.Process(launcher.pid).children(recursive=True) + [psutil.Process(launcher.pid)]:
+                process.kill()  # (the whole tree: orphaned workers would load the next runs)
             raise SystemExit(f"{name}: the run did not end within {timeout_s:.0f} s")
         time.sleep(0.1)
     watch.poll(processes=False)
@@ -193,7 +194,7 @@ def table(results: List[Dict[str, Any]]) -> str:
     rows = ["| fault | exit | steps once each | steps redone (lost, then trained again) | resumed from | "
             "recovery s (fault -> next step) | wall s | extra s vs no fault |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        once = (f"{len(r['steps'])}/{r['steps_expected']}" + (" (none repeated)" if not r["repeated"] else
+        once = (f"{len(set(r['steps']))}/{r['steps_expected']}" + (" (none repeated)" if not r["repeated"] else
                                                              f" repeated {r['repeated']}"))
         resumed = f"v{r['from_version']} (restart {r['restart']})" if r["from_version"] is not None else "-"
         same_run = FAULTS[r["fault"]][0] == ASYNC and r["fault"] != "none"  # (the lease fault runs another setting)
