@@ -189,13 +189,52 @@ def plot(results: dict, path: Path) -> Path:
     return path
 
 
+def by_base_model(results: dict) -> "list[tuple[float, dict]]":
+    """Results grouped by the base model they started from (its held-out accuracy at start names it: a
+    rebuilt base model need not be the same one), the group with the most runs first. Arms are compared
+    within a group, or seed by seed (:func:`paired`), never across base models."""
+    groups: dict = {}
+    for arm, rows in results.items():
+        for row in rows:
+            groups.setdefault(round(row["accuracy_start"], 4), {}).setdefault(arm, []).append(row)
+    return sorted(groups.items(), key=lambda kv: -sum(len(v) for v in kv[1].values()))
+
+
+def paired(results: dict) -> str:
+    """Each arm against sync *at the same seed* (hence the same base model and the same prompts): the
+    mean and range over seeds of the difference, final and late."""
+    sync = {r["seed"]: r for r in results.get("sync", [])}
+    lines = ["| arm | seeds | end - sync, same seed: mean [min, max] (points) | "
+             "late - sync late, same seed: mean [min, max] (points) |", "|---|---|---|---|"]
+    for arm in ARMS:
+        pairs = [(r, sync[r["seed"]]) for r in results.get(arm, []) if arm != "sync" and r["seed"] in sync]
+        if not pairs:
+            continue
+        ends = [r["accuracy_end"] - s["accuracy_end"] for r, s in pairs]
+        lates = [late_mean(r) - late_mean(s) for r, s in pairs]
+        def show(vs: list) -> str:
+            mean = f"{100 * statistics.fmean(vs):+.1f}"
+            return f"{mean} [{100 * min(vs):+.1f}, {100 * max(vs):+.1f}]" if len(vs) > 1 else mean
+
+        lines.append(f"| {arm} | {','.join(str(r['seed']) for r, _ in pairs)} | {show(ends)} | {show(lates)} |")
+    return "\n".join(lines)
+
+
 def write_report(steps: int) -> None:
     results = load_results(steps)
-    table = report(results)
-    (HERE / f"results-steps{steps}.md").write_text(table + "\n")
+    sections = []
+    for index, (start, group) in enumerate(by_base_model(results)):
+        seeds = sorted({r["seed"] for rows in group.values() for r in rows})
+        suffix = "" if index == 0 else f"-base{index + 1}"
+        figure = f"figures/curves-steps{steps}{suffix}.png"
+        sections.append(f"## Base model {index + 1}: {100 * start:.1f}% held-out at start, seeds "
+                        f"{', '.join(map(str, seeds))}\n\n{report(group)}\n\n![curves]({figure})")
+        plot(group, HERE / figure)
     if results:
-        plot(results, HERE / "figures" / f"curves-steps{steps}.png")
-    print(table)
+        sections.append(f"## Every seed, each arm against sync at the same seed\n\n{paired(results)}")
+    text = "\n\n".join(sections) if sections else "no results yet"
+    (HERE / f"results-steps{steps}.md").write_text(text + "\n")
+    print(text)
 
 
 def main() -> None:
