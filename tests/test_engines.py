@@ -123,8 +123,12 @@ def test_micro_batches_pulled_by_two_devices_sum_to_the_whole_batch_update(model
     for mine, theirs in zip(primary.parameters(), helper.parameters()):
         mine.grad += theirs.grad  # what the all-reduce sums
     primary.apply_grads()
+    # fp32 sums in another order differ in the last bits, and AdamW's first step divides each gradient by
+    # its own magnitude, which can amplify that for a weight whose gradient is nearly zero. Measured: one
+    # weight of 8192 off by 1.9e-6 on one machine. The step moves weights by ~lr = 1e-2, so a micro-batch
+    # lost or counted twice shows up far above 1e-5
     for (name, a), b in zip(whole.state_dict().items(), primary.state_dict().values()):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), name
 
 
 def test_a_corrupt_checkpoint_is_one_clear_error(model_dir, tmp_path):
