@@ -384,10 +384,18 @@ def test_a_streamed_step_updates_the_weights_exactly_as_the_whole_batch_step_doe
     assert whole.train.version == streamed.train.version == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, whole.params))  # the step moved the weights
     # the summed gradients agree to fp32 rounding; Adam's first step is nearly sign(g) * lr, so a
-    # coordinate whose gradient is rounding noise may move differently: weights agree to 1% of the step
-    assert torch.allclose(grads["whole"], grads["streamed"], rtol=1e-5, atol=1e-6 * grads["whole"].abs().max())
+    # coordinate whose gradient is rounding noise may move differently (up to twice the step): where the
+    # gradient is well above that noise, the weights agree to 1% of the step (one machine measured 1.07%
+    # on a noise-level coordinate, 5.4e-6 against a step of 5e-4)
+    noise = 1e-6 * grads["whole"].abs().max()
+    assert torch.allclose(grads["whole"], grads["streamed"], rtol=1e-5, atol=noise)
     step_lr = cfg.train.lr / cfg.train.lr_warmup_steps
-    assert max((a - b).abs().max().item() for a, b in zip(whole.params, streamed.params)) < 0.01 * step_lr
+    moved_whole = torch.cat([(a - b).flatten() for a, b in zip(whole.params, before)])
+    moved_streamed = torch.cat([(a - b).flatten() for a, b in zip(streamed.params, before)])
+    clear = grads["whole"].abs() > 1000 * noise
+    assert clear.float().mean() > 0.5  # most coordinates
+    assert (moved_whole - moved_streamed)[clear].abs().max() < 0.01 * step_lr
+    assert (moved_whole - moved_streamed).abs().max() <= 2.01 * step_lr
 
 
 def test_borrowed_gradients_change_where_the_work_ran_and_nothing_else(tmp_path):
