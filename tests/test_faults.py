@@ -221,6 +221,7 @@ def test_a_worker_lost_during_a_weight_publish_never_leaves_a_version_half_appli
         [(r["step"], r.get("fresh_logp_gap")) for r in rows]
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_in_one_line_and_keeps_the_previous(tmp_path):
     # from the primary's checkpoint of v6 on, the kernel refuses its writes (EFBIG, as a full disk does)
     launcher = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", env={"BIDIRL_FAULT_DISK_FULL": "6"})
