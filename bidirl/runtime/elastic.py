@@ -20,10 +20,11 @@ def describe_failures(failures: Dict[int, object], restarts: int) -> str:
     """One line: every failed rank (0 is the controller, R > 0 device R - 1, its pool from the run's
     ``devices.json``) and how it ended."""
     run = os.environ.get("BIDIRL_RUN_PATH", "")
-    tail = f"; their output is above, and the run's checkpoints (if any) resume with --resume {run}" if run else ""
+    resume = f"the run's checkpoints (if any) resume with --resume {run}" if run else ""
     if stopped_on_an_error(failures):
         return (f"the runtime stopped on the error above, which a restart cannot fix (any restart that followed "
-                f"ended at once){tail.replace('their output is above, and ', '')}")
+                f"ended at once){'; ' + resume if resume else ''}")
+    tail = f"; their output is above, and {resume}" if resume else ""
     roles = _roles(run)
     # torchrun stops every other process of the group with SIGTERM once one fails: name the cause
     causes = {r: f for r, f in failures.items() if getattr(f, "exitcode", None) != -15} or failures

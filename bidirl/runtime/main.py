@@ -38,7 +38,7 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     import torch.distributed as dist
 
     from bidirl.config import load_config
-    from bidirl.errors import BidirlError, Unrecoverable
+    from bidirl.errors import BidirlError
     from bidirl.runtime.mailbox import Mailbox
     from bidirl.runtime.placement import claim, describe, gpus_on_this_node, placement_from_environment
     from bidirl.runtime_env import prepare_process
@@ -78,12 +78,8 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     # the weight sender/receiver thread gets its own store connection: threads never share a socket
     receiver_store = dist.PrefixStore(f"bidirl/{restart}", next(dist.rendezvous("env://"))[0])
     receiver_store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
-    try:
-        Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
-               placement=describe(placement, cfg.cluster.device_type)).run()
-    except Unrecoverable as exc:
-        stop_restarts(str(exc))
-        raise
+    Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
+           placement=describe(placement, cfg.cluster.device_type)).run()  # (its write errors go to the controller)
     return 0
 
 
