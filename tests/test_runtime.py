@@ -1,5 +1,6 @@
 """The hot-switch runtime for real: torchrun processes, gloo groups, two devices plus a controller."""
 
+import ipaddress
 import json
 import re
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bidirl.sched.trace import switch_overheads
@@ -41,16 +43,58 @@ def successful_run(root: Path, *overrides) -> Path:
     return run_dir(root)
 
 
+def listening_addresses(pid: int) -> set:
+    """The addresses a process and its descendants listen on for TCP connections, now."""
+    found = set()
+    try:
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return found
+    for process in processes:
+        try:
+            found |= {c.laddr.ip for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:  # (it ended meanwhile)
+            pass
+    return found
+
+
+def watched_run(root: Path, *overrides):
+    """A successful launch, and every address its processes listened on, sampled as it ran."""
+    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache",
+            *SMALL, *overrides]
+    listened, deadline = set(), time.monotonic() + 600
+    with open(root / "launch.log", "w+") as log:
+        launcher = subprocess.Popen(BIDIRL + args, stdout=log, stderr=subprocess.STDOUT, text=True)
+        while launcher.poll() is None and time.monotonic() < deadline:
+            listened |= listening_addresses(launcher.pid)
+            time.sleep(0.1)
+        if launcher.poll() is None:
+            launcher.kill()
+        assert launcher.wait() == 0, (log.seek(0), log.read()[-3000:])[1]
+    return run_dir(root), listened
+
+
 @pytest.fixture(scope="module")
-def async_run(tmp_path_factory):
-    return successful_run(tmp_path_factory.mktemp("async"), "cluster.devices=2", "launch.mode=async",
-                          "algorithm.staleness=1")
+def async_launch(tmp_path_factory):
+    return watched_run(tmp_path_factory.mktemp("async"), "cluster.devices=2", "launch.mode=async",
+                       "algorithm.staleness=1")
+
+
+@pytest.fixture(scope="module")
+def async_run(async_launch):
+    return async_launch[0]
 
 
 @pytest.fixture(scope="module")
 def lend_run(tmp_path_factory):
     return successful_run(tmp_path_factory.mktemp("lend"), "cluster.devices=2", "launch.mode=async-lend",
                           "algorithm.staleness=0")
+
+
+def test_a_single_node_run_listens_on_loopback_only(async_launch):
+    _, listened = async_launch
+    assert listened  # (torchrun's stores were seen)
+    assert all(ipaddress.ip_address(ip).is_loopback for ip in listened), listened
 
 
 def test_async_staleness_bound_holds_in_the_trace(async_run):

@@ -6,12 +6,18 @@ torchrun's multi-line report and traceback. A rank that failed on a user error h
 own ``error (rank R): ...`` line, and the launch exits with code 2. Where a restart would meet that
 error again (bad input found as a rank starts, a checkpoint on a full disk), the attempts torchrun
 still starts end at once (``bidirl.runtime.main.FATAL_KEY``).
+
+On one node without a cluster address (``--standalone``), torchrun's stores listen on loopback only
+(:func:`bind_stores_to_loopback`): torch's c10d server would bind the wildcard address whatever host
+it is given.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import socket
 import sys
 from typing import Dict
 
@@ -64,11 +70,51 @@ def _roles(run: str) -> Dict[int, str]:
     return {d["rank"]: f", {d['home']} pool" + (", the primary trainer" if d["primary"] else "") for d in devices}
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_stores_to_loopback(args) -> None:
+    """A standalone run's two c10d stores (the rendezvous's, and the one its workers share through
+    ``MASTER_ADDR``) listen on 127.0.0.1 alone. torch's server binds the wildcard address whatever host
+    it is given, but it accepts a socket already listening (``master_listen_fd``): every store server
+    asked for on a loopback host gets one bound here. The workers are told 127.0.0.1 (``--local-addr``),
+    not this machine's name, which may resolve to another interface."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    args.local_addr = args.local_addr or LOOPBACK
+
+    class LoopbackTCPStore(dist.TCPStore):
+        def __init__(self, host_name, port, *rest, is_master=False, **options):
+            if is_master and options.get("master_listen_fd") is None and is_loopback(host_name):
+                try:
+                    listener = socket.create_server((LOOPBACK, port), backlog=4096)
+                except OSError as exc:  # (the rendezvous's own except clause takes RuntimeError)
+                    raise RuntimeError(f"cannot listen on {LOOPBACK}:{port}: {exc}") from exc
+                port = listener.getsockname()[1]
+                options["master_listen_fd"] = listener.detach()  # the store owns the socket now
+            super().__init__(host_name, port, *rest, is_master=is_master, **options)
+
+    dist.TCPStore = LoopbackTCPStore  # dynamic rendezvous: the workers' shared store
+    c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # the rendezvous's own store
+
+
 def main(argv: list) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(argv)
+    if args.standalone:
+        bind_stores_to_loopback(args)
     try:
         run(args)
     except ChildFailedError as exc:

@@ -179,9 +179,9 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
 
 def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:
     """One node and no cluster address: the gradient and weight groups' sockets (gloo; NCCL's bootstrap)
-    bind to loopback, unless the user chose an interface. torchrun's own TCPStore listens on every
-    interface whatever it is told (torch's c10d server binds the wildcard address): what travels there
-    is data-only JSON that decodes into bidirl's own message types only (:mod:`bidirl.runtime.wire`)."""
+    bind to loopback, unless the user chose an interface. torchrun's own stores are bound to loopback
+    by :func:`bidirl.runtime.elastic.bind_stores_to_loopback`; what travels there is data-only JSON
+    that decodes into bidirl's own message types only (:mod:`bidirl.runtime.wire`)."""
     if topo.nnodes > 1 or topo.rdzv_endpoint:
         return {}
     return {key: "lo" for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in environ}
