@@ -117,3 +117,19 @@ def test_a_resumed_run_directory_keeps_each_step_once_and_sets_later_rows_aside(
     steps = [json.loads(r)["step"] for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     aside = [json.loads(r)["step"] for r in (tmp_path / "run" / "metrics.rolled-back.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5] and aside == [5, 6, 7]
+
+
+def test_a_resumed_run_directory_continues_its_own_wandb_run_rather_than_starting_another(tmp_path):
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    cfg = small_config("logging.wandb_mode=offline")
+    run = RunDir(cfg, path=tmp_path / "run")
+    run.log(1, reward_mean=0.1)
+    run.close()
+    resumed = RunDir.resumed(cfg, tmp_path / "run", version=1)
+    resumed.log(2, reward_mean=0.2)
+    resumed.close()
+    attempts = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2  # (W&B keeps a folder per process that wrote to the run)
+    assert len({folder.name.rsplit("-", 1)[1] for folder in attempts}) == 1  # one run id
