@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/live_bench/prediction.py                    # 3 settings x 5 policies, 3 rounds
     .venv/bin/python experiments/live_bench/prediction.py --settings balanced --rounds 1 --steps 10
+    .venv/bin/python experiments/live_bench/prediction.py --rounds 1 --scaling --work /tmp/prediction  # ~35 min
 
 Settings (2 CPU devices, the project-built tiny models, eta 1):
   rollout-heavy  ``pipelines/cpu-long.yaml``: worked chains of 2-16 terms, long and spread-out answers
@@ -150,6 +151,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--scaling", action="store_true", help="also the simulated scaling table")
     parser.add_argument("--out", default=str(HERE / "prediction.json"))
+    parser.add_argument("--work", default="", help="keep the profiles and runs here (default: a temporary "
+                        "folder); a profile or finished run already there is reused, so a stopped study resumes")
     args = parser.parse_args()
     names = args.settings.split(",")
     unknown = [n for n in names if n not in SETTINGS]
@@ -158,7 +161,8 @@ def main() -> None:
     figures = HERE / "figures"
     figures.mkdir(exist_ok=True)
     results, scaled = {}, []
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as temporary:
+        scratch = args.work or temporary
         for name in names:
             results[name] = [one_round(name, args.steps, Path(scratch) / name / f"round{r}", figures)
                              for r in range(args.rounds)]
