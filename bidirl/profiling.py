@@ -21,10 +21,12 @@ sampling settings (one thread, as each live device worker runs):
   memory bandwidth and caches), how much slower each stage runs while another device works: a
   training step beside a process that decodes, a decode step beside one that trains, and a training
   step beside one that trains too (a lent device joining the step) -- the ``co_running`` factors, each
-  the median ratio of alternating alone/beside pairs (see :func:`paired_slowdown`).
+  the median ratio of alternating alone/beside pairs (see :func:`paired_slowdown`), training timed on a
+  quarter of the batch (the same micro-batches; the whole one took half of the demo's profile).
 
 Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and ``profile.png``
-(points against the fitted curves). ``bidirl plan`` and ``bidirl simulate`` (``sim.profile``) use it.
+(points against the fitted curves), with where the profile's own time went (``meta.seconds``).
+``bidirl plan`` and ``bidirl simulate`` (``sim.profile``) use it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ def median_time(work: Callable[[], Any], repeats: int = REPEATS) -> float:
         work()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class PartClock:
+    """Seconds spent in each part of the profile, in order."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self.seconds[part] = round(now - self._since, 2)
+        self._since = now
 
 
 def batch_sizes(cfg: PipelineConfig) -> List[int]:
@@ -108,6 +123,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     from bidirl.prompts import PromptBuilder
 
     model = prepare_model(cfg)  # before the thread change: a base model is built as `bidirl run` builds it
+    parts = PartClock()  # where the profile's own time goes (profile.json's meta)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a live device worker runs
     try:
@@ -117,6 +133,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         problems, sampling = load_problems(cfg.data, "train"), sampling_of(cfg)
         G = cfg.rollout.group_size
         rollout.generate([prompt(p) for p in problems[:4]], sampling)  # warm-up (first calls are slower)
+        parts.lap("engines")
         advance()
 
         # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps. Lengths
@@ -151,6 +168,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             if short == points[0][1][0]:
                 prefill_points.append({"tokens": sum(lengths) * G, "seconds": max(0.0, seconds[short] - short * step)})
             advance()
+        parts.lap("decode")
         decode = fit_decode(decode_points)
         prefill = fit_line(prefill_points, "tokens", "seconds", ("fixed_s", "per_token"))
         prefill.coefficients["per_token"] = max(0.0, prefill.coefficients["per_token"])
@@ -165,6 +183,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
                                 statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens,
                                 [[s.reward for s in g] for g in by_group.values()])
         samples = trainable({i: by_group[i] for i in sorted(by_group)[:groups]}, cfg.algorithm.std_normalize)
+        parts.lap("lengths")
         advance()
 
         # training: one optimizer step on increasing shares of the batch, and a forward-only log-prob pass
@@ -175,6 +194,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), TRAIN_REPEATS)})
             logprob_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.logprobs(part), 2)})
             advance()
+        parts.lap("train")
         train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
         logprob = fit_line(logprob_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
 
@@ -184,8 +204,14 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         if shares_a_host(cfg):
             decode_groups, (short, long_) = points[len(batch_sizes(cfg)) - 1]  # the largest batch, usual context
             neighbour_problems = problems[: min(cfg.launch.chunk_groups, groups)]  # a chunk, as a live device
+            # a slowdown is a property of the micro-batches' kernels beside the neighbour, and a whole batch
+            # is the same micro-batches over again: a quarter of it (at least one micro-batch), twice per
+            # timing, measures the same factor in half the time (the whole batch, once per timing, took
+            # 2.5 of the demo profile's 6 minutes)
+            part = samples[: max(len(samples) // 4, min(len(samples), cfg.train.micro_batch_size))]
+
             def train_step() -> float:
-                return median_time(lambda: trainer.step(samples), 1)
+                return median_time(lambda: trainer.step(part), 2)
 
             with Neighbour(cfg, model.path, neighbour_problems) as neighbour:
                 decode_beside = paired_slowdown(lambda: decode_step(decode_groups, short, long_)[0], neighbour, TRAIN)
@@ -195,6 +221,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
                           "train_beside_train": train_beside_train["factor"],
                           "pairs": {"decode": decode_beside, "train": train_beside_decode,
                                     "train_beside_train": train_beside_train}}
+            parts.lap("co_running")
         advance()
 
         # weights and switches
@@ -204,6 +231,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         publish_s = median_time(lambda: torch.nn.utils.parameters_to_vector(params).detach().clone())
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
         to_train_s = median_time(lambda: None)  # a lookup of pre-built groups: nothing to move
+        parts.lap("weights")
         advance()
     finally:
         torch.set_num_threads(threads)
@@ -214,7 +242,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         switch={"to_rollout_s": load_s, "to_train_s": to_train_s},
         capacity=max(p["batch"] for p in decode_points), workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
-              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, logprob=logprob, co_running=co_running)
+              "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": parts.seconds},
+        logprob=logprob, co_running=co_running)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "profile.json.tmp"
     tmp.write_text(profile.to_json())
@@ -382,4 +411,13 @@ def summary_line(profile: Profile) -> str:
               if co else "")
     return (f"decode step {1000 * d['a']:.2f} ms + {1000 * d['b']:.4f} ms/sequence (fit error {profile.decode.error:.0%}); "
             f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "
-            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens{beside}")
+            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens{beside}"
+            + took(profile.meta.get("seconds") or {}))
+
+
+def took(seconds: Dict[str, float]) -> str:
+    """``; measured in 362 s (longest: co_running 181 s)``, from the profile's own clock (if it has one)."""
+    if not seconds:
+        return ""
+    longest = max(seconds, key=seconds.get)
+    return f"; measured in {sum(seconds.values()):.0f} s (longest: {longest} {seconds[longest]:.0f} s)"

@@ -352,6 +352,9 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     assert profile.co_running["train_beside_train"] > 0.5  # and training beside a joined device's training
     assert all(len(pairs["ratios"]) == CO_RUNNING_PAIRS for pairs in profile.co_running["pairs"].values())
     assert profile.model().logprob_seconds(1000) < profile.model().train_compute_seconds(1000)  # a forward is cheaper
+    # where the profile's own time went, part by part, and in its one-line summary
+    assert list(profile.meta["seconds"]) == ["engines", "decode", "lengths", "train", "co_running", "weights"]
+    assert all(s >= 0 for s in profile.meta["seconds"].values()) and "measured in" in result.stderr
     cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
                                                   f"sim.profile={run / 'profile.json'}"])
     chosen = plan(cfg)
