@@ -168,7 +168,8 @@ def main() -> None:
                              for r in range(args.rounds)]
             if args.scaling:
                 scaled += scaling(name, results[name][-1]["profile"], args.steps)
-    Path(args.out).write_text(json.dumps({"rounds": results, "scaling": scaled}, indent=1) + "\n")
+            # written after each setting: a study stopped part-way keeps what it measured
+            Path(args.out).write_text(json.dumps({"rounds": results, "scaling": scaled}, indent=1) + "\n")
     print_tables(results, scaled)
 
 
