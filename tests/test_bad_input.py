@@ -71,6 +71,7 @@ CASES = {
                           "cluster.instance_devices"),
     # models and data
     "missing model folder": (["evaluate", TINY, "model.source={tmp}/no-model"], "no-model"),
+    "profile a missing model folder": (["profile", TINY, "model.source={tmp}/no-model"], "no-model"),
     "corrupt model folder": (["prepare-model", TINY, "model.source={tmp}/model"], "model"),
     "dataset without fields": (["evaluate", TINY, *GSM8K, "data.path={tmp}/fields.jsonl"], "fields.jsonl"),
     "empty dataset": (["evaluate", TINY, *GSM8K, "data.path={tmp}/empty.jsonl"], "empty.jsonl"),
@@ -100,6 +101,7 @@ CASES = {
     # output paths
     "output dir is a file": (["run", TINY, "output_dir={tmp}/a-file"], "a-file"),
     "output dir under a file": (["simulate", "pipelines/sim-32gpu.yaml", "output_dir={tmp}/a-file/runs"], "a-file"),
+    "profile into a file": (["profile", TINY, "output_dir={tmp}/a-file"], "a-file"),
 }
 
 

@@ -16,7 +16,8 @@ then per policy the simulator's prediction on that profile with the live runtime
 ``bidirl plan`` scores a launch with), then the live run (``bidirl launch``, starting from the same
 profile). Rounds repeat the whole, because this machine's speed drifts by up to ~30% over tens of
 minutes: a prediction is only compared with a run minutes after its profile. Reported per setting and
-policy: samples/s (mean over rounds, and each round), the prediction and its error, each pool's time
+policy: samples/s (mean over rounds, and each round), the prediction and its error, the steady step
+(the mean after the first three: a live run's first steps also warm its engines up) and its prediction, each pool's time
 by cause (busy, waiting for data / weights / admission, switching), switches, leases by direction; the
 last round's Gantt charts go to ``figures/prediction-<setting>-<policy>.png``.
 
@@ -40,6 +41,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "planner"))
 from fidelity import live, profile  # noqa: E402  (the fidelity study's profile and launch helpers)
+
+from bidirl.sched.trace import steady_step_s  # noqa: E402
 
 from bidirl.config import load_config  # noqa: E402
 from bidirl.sim.run import sim_workload, simulate  # noqa: E402
@@ -77,6 +80,10 @@ def one_round(name: str, steps: int, root: Path, figures: Path) -> dict:
             shutil.copy(gantt, figures / f"prediction-{name}-{policy}.png")
         out[policy] = {"measured_samples_per_s": summary["samples_per_s"],
                        "predicted_samples_per_s": round(predicted.samples_per_s, 2),
+                       # the mean step after the first three: the live run's first steps also warm its
+                       # engines up (its first step took 2-3x a later one), which no model predicts
+                       "measured_steady_step_s": round(steady_step_s(summary["version_times"]), 4),
+                       "predicted_steady_step_s": round(predicted.steady_step_s, 4),
                        "measured_breakdown": summary["time_breakdown"],
                        "predicted_breakdown": predicted.time_breakdown,
                        "measured_switches": summary["switches"]["count"], "predicted_switches": predicted.switches,
@@ -121,17 +128,21 @@ def leases(entry: dict) -> str:
 
 
 def print_tables(results: dict, scaled: list) -> None:
-    print("\n| setting | policy | samples/s measured, mean (rounds) | predicted | error | busy, measured | "
-          "busy, predicted | switches measured / predicted | leases measured | leases predicted |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| setting | policy | samples/s measured, mean (rounds) | predicted | error | steady step s, measured | "
+          "predicted | error | busy, measured | busy, predicted | switches measured / predicted | leases measured | "
+          "leases predicted |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rounds in results.items():
         for policy in POLICIES:
             cells = [r[policy] for r in rounds]
             measured = [c["measured_samples_per_s"] for c in cells]
             predicted = [c["predicted_samples_per_s"] for c in cells]
             m, p = statistics.fmean(measured), statistics.fmean(predicted)
+            ms = statistics.fmean(c["measured_steady_step_s"] for c in cells)
+            ps = statistics.fmean(c["predicted_steady_step_s"] for c in cells)
             print(f"| {name} | {policy} | {m:.1f} ({', '.join(f'{x:.1f}' for x in measured)}) | {p:.1f} | "
-                  f"{100 * (p - m) / m:+.0f}% | {busy(cells[-1]['measured_breakdown'])} | "
+                  f"{100 * (p - m) / m:+.0f}% | {ms:.3f} | {ps:.3f} | {100 * (ps - ms) / ms:+.0f}% | "
+                  f"{busy(cells[-1]['measured_breakdown'])} | "
                   f"{busy(cells[-1]['predicted_breakdown'])} | {cells[-1]['measured_switches']} / "
                   f"{cells[-1]['predicted_switches']} | {leases(cells[-1]['measured_leases'])} | "
                   f"{leases(cells[-1]['predicted_leases'])} |")
