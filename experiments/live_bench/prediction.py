@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "planner"))
 from fidelity import live, profile  # noqa: E402  (the fidelity study's profile and launch helpers)
 
-from bidirl.sched.trace import steady_step_s  # noqa: E402
+from bidirl.sched.trace import intervals, steady_step_s  # noqa: E402
 
 from bidirl.config import load_config  # noqa: E402
 from bidirl.sim.run import sim_workload, simulate  # noqa: E402
@@ -64,6 +64,21 @@ def split_of(policy: str) -> list:
     return [] if policy == "sync" else ["cluster.rollout_devices=1"]
 
 
+def work_per_step(trace: list, end: float, steps: int) -> dict:
+    """Device-seconds per step spent generating and training (all devices together): where a
+    prediction's error comes from."""
+    seconds = {"generating": 0.0, "training": 0.0}
+    for _, state, _, start, stop in intervals(trace, end):
+        if state in seconds:
+            seconds[state] += stop - start
+    return {state: round(total / steps, 3) for state, total in seconds.items()}
+
+
+def live_trace(summary: dict) -> list:
+    path = Path(summary["run_dir"]) / "trace.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def one_round(name: str, steps: int, root: Path, figures: Path) -> dict:
     pipeline, overrides = SETTINGS[name]
     overrides = [*overrides, *LIVE, f"train.steps={steps}"]
@@ -73,7 +88,7 @@ def one_round(name: str, steps: int, root: Path, figures: Path) -> dict:
         chosen = [*overrides, *split_of(policy), f"launch.mode={policy}", f"sim.profile={profile_json}"]
         cfg = load_config(pipeline, chosen)
         predicted = simulate(cfg, policy, rollout_devices=None if policy == "sync" else 1, with_bound=False,
-                             driver=cfg.live_driver())
+                             driver=cfg.live_driver(), keep_trace=True)
         summary = live(pipeline, [*overrides, *split_of(policy), f"sim.profile={profile_json}"], root, policy)
         gantt = Path(summary["gantt"])
         if gantt.exists():
@@ -84,6 +99,8 @@ def one_round(name: str, steps: int, root: Path, figures: Path) -> dict:
                        # engines up (its first step took 2-3x a later one), which no model predicts
                        "measured_steady_step_s": round(steady_step_s(summary["version_times"]), 4),
                        "predicted_steady_step_s": round(predicted.steady_step_s, 4),
+                       "measured_work_per_step": work_per_step(live_trace(summary), summary["rl_seconds"], steps),
+                       "predicted_work_per_step": work_per_step(predicted.cluster.trace, predicted.makespan_s, steps),
                        "measured_breakdown": summary["time_breakdown"],
                        "predicted_breakdown": predicted.time_breakdown,
                        "measured_switches": summary["switches"]["count"], "predicted_switches": predicted.switches,
@@ -123,15 +140,19 @@ def busy(breakdown: dict) -> str:
     return " / ".join(f"{pool} {100 * shares.get('busy', 0):.0f}%" for pool, shares in sorted(breakdown.items()))
 
 
+def work(per_step: dict) -> str:
+    return f"{per_step['generating']:.2f} / {per_step['training']:.2f}"
+
+
 def leases(entry: dict) -> str:
     return ", ".join(f"{k} {v['leases']}" for k, v in sorted(entry.items())) or "-"
 
 
 def print_tables(results: dict, scaled: list) -> None:
     print("\n| setting | policy | samples/s measured, mean (rounds) | predicted | error | steady step s, measured | "
-          "predicted | error | busy, measured | busy, predicted | switches measured / predicted | leases measured | "
-          "leases predicted |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "predicted | error | generating / training device-s per step, measured | predicted | busy, measured | "
+          "busy, predicted | switches measured / predicted | leases measured | leases predicted |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rounds in results.items():
         for policy in POLICIES:
             cells = [r[policy] for r in rounds]
@@ -142,6 +163,7 @@ def print_tables(results: dict, scaled: list) -> None:
             ps = statistics.fmean(c["predicted_steady_step_s"] for c in cells)
             print(f"| {name} | {policy} | {m:.1f} ({', '.join(f'{x:.1f}' for x in measured)}) | {p:.1f} | "
                   f"{100 * (p - m) / m:+.0f}% | {ms:.3f} | {ps:.3f} | {100 * (ps - ms) / ms:+.0f}% | "
+                  f"{work(cells[-1]['measured_work_per_step'])} | {work(cells[-1]['predicted_work_per_step'])} | "
                   f"{busy(cells[-1]['measured_breakdown'])} | "
                   f"{busy(cells[-1]['predicted_breakdown'])} | {cells[-1]['measured_switches']} / "
                   f"{cells[-1]['predicted_switches']} | {leases(cells[-1]['measured_leases'])} | "
