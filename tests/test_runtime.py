@@ -199,9 +199,12 @@ def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tm
     assert any(r["to"] == "generating" and r["home"] == "train" for r in trace)
     assert any(r["to"] == "training" and r["home"] == "rollout" for r in trace)
     # the step starts without waiting for the borrowed device, which joins it mid-step and pulls micro-batches
+    # (or, freed just as a step starts, starts it: one clean-clone run saw no join at all); either way every
+    # step it trained in counted both devices
     joins = [r for r in trace if r["reason"].startswith("joins batch")]
-    assert joins and all(r["home"] == "rollout" for r in joins)
-    steps_joined = {int(r["reason"].split()[2]) for r in joins}
+    assert all(r["home"] == "rollout" for r in joins)
+    lent = [r for r in trace if r["to"] == "training" and r["home"] == "rollout"]
+    steps_joined = {int(r["reason"].removeprefix("joins ").split()[1]) for r in lent}
     metrics = {r["step"] - 1: r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r}  # batch k -> v k+1
     assert all(metrics[k]["train_devices"] == 2 for k in steps_joined)
     assert summary["staleness_histogram"] == {"0": 6 * 32} and trace[-1]["role"] == trace[-1]["home"]
