@@ -22,10 +22,13 @@ SMALL = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num
          "launch.collective_timeout_s=120"]
 
 
+def launch_args(root: Path, *overrides) -> list:
+    return BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache",
+                     *SMALL, *overrides]
+
+
 def launch(root: Path, *overrides, topology=()):
-    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache",
-            *SMALL, *overrides, *topology]
-    return subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600)
+    return subprocess.run(launch_args(root, *overrides, *topology), capture_output=True, text=True, timeout=600)
 
 
 def run_dir(root: Path) -> Path:
@@ -47,7 +50,8 @@ def listening_addresses(pid: int) -> set:
     """The addresses a process and its descendants listen on for TCP connections, now."""
     found = set()
     try:
-        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
     except psutil.Error:
         return found
     for process in processes:
@@ -60,11 +64,9 @@ def listening_addresses(pid: int) -> set:
 
 def watched_run(root: Path, *overrides):
     """A successful launch, and every address its processes listened on, sampled as it ran."""
-    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache",
-            *SMALL, *overrides]
     listened, deadline = set(), time.monotonic() + 600
     with open(root / "launch.log", "w+") as log:
-        launcher = subprocess.Popen(BIDIRL + args, stdout=log, stderr=subprocess.STDOUT, text=True)
+        launcher = subprocess.Popen(launch_args(root, *overrides), stdout=log, stderr=subprocess.STDOUT, text=True)
         while launcher.poll() is None and time.monotonic() < deadline:
             listened |= listening_addresses(launcher.pid)
             time.sleep(0.1)

@@ -17,9 +17,10 @@ then per policy the simulator's prediction on that profile with the live runtime
 profile). Rounds repeat the whole, because this machine's speed drifts by up to ~30% over tens of
 minutes: a prediction is only compared with a run minutes after its profile. Reported per setting and
 policy: samples/s (mean over rounds, and each round), the prediction and its error, the steady step
-(the mean after the first three: a live run's first steps also warm its engines up) and its prediction, each pool's time
-by cause (busy, waiting for data / weights / admission, switching), switches, leases by direction; the
-last round's Gantt charts go to ``figures/prediction-<setting>-<policy>.png``.
+(the mean after the first three: a live run's first steps also warm its engines up) and its
+prediction, the device-seconds per step generating and training (measured and predicted), each pool's
+time by cause (busy, waiting for data / weights / admission, switching), switches, leases by
+direction; the last round's Gantt charts go to ``figures/prediction-<setting>-<policy>.png``.
 
 Scaling (``--scaling``, simulator only, on the last profile of each setting): the ratio of bidirl to the
 best other policy, every policy at its best split (all splits tried), as the device count grows (2, 4,
@@ -42,9 +43,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "planner"))
 from fidelity import live, profile  # noqa: E402  (the fidelity study's profile and launch helpers)
 
-from bidirl.sched.trace import intervals, steady_step_s  # noqa: E402
-
 from bidirl.config import load_config  # noqa: E402
+from bidirl.sched.trace import intervals, steady_step_s  # noqa: E402
 from bidirl.sim.run import sim_workload, simulate  # noqa: E402
 
 SETTINGS = {
