@@ -135,6 +135,15 @@ def test_every_run_writes_config_metrics_trace_gantt_and_summary(async_run):
     assert (async_run / "checkpoint" / "config.json").is_file()
 
 
+def test_a_steps_wall_time_splits_into_gradient_work_round_trips_and_the_finish(async_run):
+    steps = [r for r in read_jsonl(async_run / "metrics.jsonl") if "train_work_s" in r]
+    assert steps
+    for step in steps:  # one training device: its parts happen one after another
+        parts = step["train_work_s"] + step["round_trip_s"] + step["finish_s"]
+        assert min(step["round_trip_s"], step["finish_s"]) >= 0 and step["finish_s"] > 0
+        assert parts <= step["train_s"] + 0.01  # (each rounded to 0.1 ms)
+
+
 def test_weight_sync_makes_rollout_logprobs_match_the_trainer(lend_run):
     # eta=0: every sample comes from the weights being trained, so any gap is a sync error
     steps = [r for r in read_jsonl(lend_run / "metrics.jsonl") if "reward_mean" in r]

@@ -103,6 +103,10 @@ class StepInProgress:
     computed: Dict[int, List[msg.ComputeGrads]] = field(default_factory=dict)  # device -> items it has computed
     waiting: Dict[int, float] = field(default_factory=dict)  # device -> since when it has had nothing to pull
     waited_s: float = 0.0  # device-seconds spent so (streamed steps: groups still generating)
+    # where a step's wall time goes besides gradient work: each micro-batch's round trip to its device
+    # (sent -> GradsComputed, less its compute), and the finish (FinishStep sent -> last StepDone)
+    round_trip_s: float = 0.0
+    finish_sent: float = 0.0
 
 
     def batch_step(self) -> int:
@@ -301,10 +305,11 @@ class Controller:
         if step is None or reply.device not in step.current or step.batch_step() != reply.step:
             self.report.discarded_grads.append({"device": reply.device, "batch": reply.step})
             return None  # a late reply of an expired lease: those gradients were discarded
-        item, _ = step.current.pop(reply.device)
+        item, sent = step.current.pop(reply.device)
         step.computed.setdefault(reply.device, []).append(item)
         step.computing.discard(reply.device)
         step.work_s += reply.compute_s
+        step.round_trip_s += max(0.0, time.perf_counter() - sent - reply.compute_s)
         self.slowest_item_s = max(self.slowest_item_s, reply.compute_s)
         self.pull(reply.device)
         return None  # the step is done when every device has finished it (StepDone)
@@ -350,7 +355,9 @@ class Controller:
         primary, step = self.primary_done, self.step
         self.measured.step(step.work_s, primary.reduce_s)
         self.report.stream_wait_s += step.waited_s
-        stats = {**step.batch.stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4)}
+        stats = {**step.batch.stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4),
+                 "round_trip_s": round(step.round_trip_s, 4),
+                 "finish_s": round(time.perf_counter() - step.finish_sent, 4)}
         self.bar(**self.report.step_done(primary, stats, time.perf_counter() - step.started))
         self.step = None
         return ev.TrainDone(primary.version)
@@ -514,6 +521,7 @@ class Controller:
         lent = tuple(d for d in members if self.cluster.devices[d].home is Role.ROLLOUT)
         self.report.record_batch(batch, members, lent, step.computed)
         self.pending["train"] = set(members)
+        step.finish_sent = time.perf_counter()
         for member in members:
             mine = member == primary
             self.mailbox.send(member, msg.FinishStep(step=batch.step, members=members, lent=lent,
