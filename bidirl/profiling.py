@@ -22,7 +22,9 @@ sampling settings (one thread, as each live device worker runs):
   training step beside a process that decodes, a decode step beside one that trains, and a training
   step beside one that trains too (a lent device joining the step) -- the ``co_running`` factors, each
   the median ratio of alternating alone/beside pairs (see :func:`paired_slowdown`), training timed on a
-  quarter of the batch (the same micro-batches; the whole one took half of the demo's profile).
+  quarter of the batch (the same micro-batches; the whole one took half of the demo's profile). The
+  neighbour builds its engines while this process builds its own (nothing is timed until both are
+  ready; it idles through every other timing).
 
 Writes ``profile.json`` (raw points, fitted coefficients, each fit's error) and ``profile.png``
 (points against the fitted curves), with where the profile's own time went (``meta.seconds``).
@@ -126,13 +128,22 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     parts = PartClock()  # where the profile's own time goes (profile.json's meta)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a live device worker runs
+    problems, sampling = load_problems(cfg.data, "train"), sampling_of(cfg)
+    groups = min(len(problems), batch_groups(cfg))
+    # the other device of this host (co-running factors, below) builds its engines while this process
+    # builds its own: nothing is timed before both are ready, and it idles through every timing until then
+    neighbour = (Neighbour(cfg, model.path, problems[: min(cfg.launch.chunk_groups, groups)])
+                 if shares_a_host(cfg) else None)
     try:
+        if neighbour is not None:
+            neighbour.start()
         rollout = build_rollout_engine(cfg, model.path)
         trainer = build_train_engine(cfg, model.path)
         prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
-        problems, sampling = load_problems(cfg.data, "train"), sampling_of(cfg)
         G = cfg.rollout.group_size
         rollout.generate([prompt(p) for p in problems[:4]], sampling)  # warm-up (first calls are slower)
+        if neighbour is not None:
+            neighbour.wait_ready()
         parts.lap("engines")
         advance()
 
@@ -151,11 +162,12 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         if longest > long_:
             points.append((largest, (long_, longest)))  # a longer context too
 
-        def decode_step(groups: int, short: int, long_: int) -> "tuple[float, Dict[int, float]]":
+        def decode_step(groups: int, short: int, long_: int,
+                        repeats: int = DECODE_REPEATS) -> "tuple[float, Dict[int, float]]":
             seconds = {}
             for length in (short, long_):
                 fixed = SamplingParams(n=G, max_new_tokens=length, temperature=1.0, ignore_eos=True)
-                seconds[length] = median_time(lambda: rollout.generate(prompts_of[:groups], fixed), DECODE_REPEATS)
+                seconds[length] = median_time(lambda: rollout.generate(prompts_of[:groups], fixed), repeats)
             return max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short)), seconds
 
         decode_points, prefill_points, prompt_tokens = [], [], []
@@ -176,7 +188,6 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # the task's own response lengths, on the prompts the run will draw first (its seeded sampler),
         # and samples to train on: one whole batch of the run, so the training points span the step the
         # run will train (a fit extrapolated from small parts misleads)
-        groups = min(len(problems), batch_groups(cfg))
         drawn = PromptSampler(problems, cfg.seed).next(LENGTH_BATCHES * groups)
         by_group = rollout_batch(cfg, rollout, drawn)
         workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
@@ -201,9 +212,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # devices sharing this host: each stage alone and beside a neighbour process doing the other, in
         # alternating pairs (this machine's speed drifts by more than the effect within minutes)
         co_running = None
-        if shares_a_host(cfg):
+        if neighbour is not None:
             decode_groups, (short, long_) = points[len(batch_sizes(cfg)) - 1]  # the largest batch, usual context
-            neighbour_problems = problems[: min(cfg.launch.chunk_groups, groups)]  # a chunk, as a live device
             # a slowdown is a property of the micro-batches' kernels beside the neighbour, and a whole batch
             # is the same micro-batches over again: a quarter of it (at least one micro-batch), twice per
             # timing, measures the same factor in half the time (the whole batch, once per timing, took
@@ -213,10 +223,11 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             def train_step() -> float:
                 return median_time(lambda: trainer.step(part), 2)
 
-            with Neighbour(cfg, model.path, neighbour_problems) as neighbour:
-                decode_beside = paired_slowdown(lambda: decode_step(decode_groups, short, long_)[0], neighbour, TRAIN)
-                train_beside_decode = paired_slowdown(train_step, neighbour, DECODE)
-                train_beside_train = paired_slowdown(train_step, neighbour, TRAIN)
+            # (decode timed twice per length, not five times: the pairs' median already repeats it)
+            decode_beside = paired_slowdown(lambda: decode_step(decode_groups, short, long_, 2)[0], neighbour, TRAIN)
+            train_beside_decode = paired_slowdown(train_step, neighbour, DECODE)
+            train_beside_train = paired_slowdown(train_step, neighbour, TRAIN)
+            neighbour.close()
             co_running = {"decode": decode_beside["factor"], "train": train_beside_decode["factor"],
                           "train_beside_train": train_beside_train["factor"],
                           "pairs": {"decode": decode_beside, "train": train_beside_decode,
@@ -235,6 +246,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         advance()
     finally:
         torch.set_num_threads(threads)
+        if neighbour is not None:
+            neighbour.close()
     profile = Profile(
         device=cfg.cluster.device_type, decode=decode, prefill=Fit({"per_token": prefill.coefficients["per_token"]},
                                                                    prefill.error, prefill.points),
@@ -283,8 +296,8 @@ def paired_slowdown(measure: Callable[[], float], neighbour: "Neighbour", work: 
 class Neighbour:
     """Another device of the same host, in its own process with one thread (as a live worker runs),
     with both engines resident: it idles, trains (steps the trainer in a loop on one sampled batch) or
-    decodes (generates the task's batches in a loop), as :meth:`set` says. A context: the process
-    lives between enter and exit."""
+    decodes (generates the task's batches in a loop), as :meth:`set` says. The process lives from
+    :meth:`start` to :meth:`close`."""
 
     START_S = 600.0  # building the engines in a fresh process: well under a minute here
     SET_S = 600.0  # the longest a switch waits for the neighbour's current iteration to end
@@ -295,19 +308,24 @@ class Neighbour:
         self.work, self.doing = context.Value("i", IDLE), context.Value("i", -1)
         self.process = context.Process(target=neighbour_loop, daemon=True,
                                        args=(cfg, model_path, problems, self.ready, self.stop, self.work, self.doing))
+        self.started = False
 
-    def __enter__(self) -> "Neighbour":
+    def start(self) -> None:
+        """Starts the process, which builds its engines; returns at once."""
         self.process.start()
+        self.started = True
+
+    def wait_ready(self) -> None:
+        """Returns once the neighbour's engines are built and warm, and it idles."""
         deadline = time.monotonic() + self.START_S
         while not self.ready.wait(1.0):
             if not self.process.is_alive():
                 raise BidirlError(f"the profile's neighbour process (the other stage on this host) exited with "
                                   f"code {self.process.exitcode} before it started working")
             if time.monotonic() > deadline:
-                self.__exit__()
+                self.close()
                 raise BidirlError(f"the profile's neighbour process (the other stage on this host) did not start "
                                   f"working within {self.START_S:.0f} s")
-        return self
 
     def set(self, work: int) -> None:
         """From now on the neighbour does ``work``; returns once it does (idle: its last iteration ended)."""
@@ -319,7 +337,10 @@ class Neighbour:
                                   f"answering (exit code {self.process.exitcode})")
             time.sleep(0.002)
 
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
+        """Stops the process (again: nothing; never started: nothing)."""
+        if not self.started or not self.process.is_alive():
+            return
         self.stop.set()
         self.process.join(60)
         if self.process.is_alive():
