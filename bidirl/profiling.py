@@ -13,6 +13,10 @@ sampling settings (one thread, as each live device worker runs):
   drift as the policy learns -- cpu-long's 85 -> ~50 tokens in 30 steps -- is not foreseen here);
 * training: one optimizer step on a quarter, a half and all of that batch, and a forward-only
   log-prob pass over the same parts (what recomputing old or reference log-probs costs);
+* what each request costs beyond its prefill and decode steps (the decode fit is a difference of two
+  timings, so per-call and per-request costs cancel out of it): the run's first chunk generated,
+  scored and encoded for the controller as a live device does it, against the fits' time for the same
+  lengths (:func:`request_overhead`);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
   same work as a load, so the same figure), into training it looks up a process group built at
@@ -205,9 +209,20 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), TRAIN_REPEATS)})
             logprob_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.logprobs(part), 2)})
             advance()
-        parts.lap("train")
         train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
         logprob = fit_line(logprob_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
+        parts.lap("train")
+
+        # what a request costs beyond its prefill and decode steps (those fits are differences of timings,
+        # from which per-call and per-request costs cancel): the run's first chunk, generated and scored
+        # as a live device does it and carried as its reply to the controller is, against the fits
+        prefill = Fit({"per_token": prefill.coefficients["per_token"]}, prefill.error, prefill.points)
+        capacity = max(p["batch"] for p in decode_points)
+        fits_so_far = Profile(cfg.cluster.device_type, decode, prefill, train, dict.fromkeys(WEIGHTS, 0.0),
+                              dict.fromkeys(SWITCHES, 0.0), capacity, workload)
+        requests = request_overhead(cfg, rollout, drawn[: min(cfg.launch.chunk_groups, groups)], fits_so_far)
+        parts.lap("requests")
+        advance()
 
         # devices sharing this host: each stage alone and beside a neighbour process doing the other, in
         # alternating pairs (this machine's speed drifts by more than the effect within minutes)
@@ -249,20 +264,43 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         if neighbour is not None:
             neighbour.close()
     profile = Profile(
-        device=cfg.cluster.device_type, decode=decode, prefill=Fit({"per_token": prefill.coefficients["per_token"]},
-                                                                   prefill.error, prefill.points),
-        train=train, weights={"load_s": load_s, "publish_s": publish_s, "bytes": float(weight_bytes)},
-        switch={"to_rollout_s": load_s, "to_train_s": to_train_s},
-        capacity=max(p["batch"] for p in decode_points), workload=workload,
+        device=cfg.cluster.device_type, decode=decode, prefill=prefill, train=train,
+        weights={"load_s": load_s, "publish_s": publish_s, "bytes": float(weight_bytes)},
+        switch={"to_rollout_s": load_s, "to_train_s": to_train_s}, capacity=capacity, workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
               "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": parts.seconds},
-        logprob=logprob, co_running=co_running)
+        logprob=logprob, co_running=co_running, requests=requests)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "profile.json.tmp"
     tmp.write_text(profile.to_json())
     tmp.replace(out / "profile.json")
     plot_profile(profile, out / "profile.png")
     return profile
+
+
+WEIGHTS, SWITCHES = ("load_s", "publish_s", "bytes"), ("to_rollout_s", "to_train_s")  # (profile.json keys)
+
+
+def request_overhead(cfg: PipelineConfig, rollout: Any, problems: list, fits: Profile) -> Dict[str, Any]:
+    """Seconds per request beyond what the decode and prefill fits charge: ``problems`` (a chunk)
+    generated, scored and encoded for the controller ``REPEATS`` times, each against the generation time
+    the fits give the very lengths it drew; the median per request (never below 0)."""
+    from bidirl.runtime import protocol as msg
+    from bidirl.runtime.wire import decode, encode
+    from bidirl.sim.costs import generation_seconds
+
+    model, workload = fits.model(), fits.measured_workload()
+    points = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        samples = [s for group in rollout_batch(cfg, rollout, problems).values() for s in group]
+        decode(encode(msg.ChunkGenerated(chunk=0, samples=samples, version=rollout.version)))
+        measured = time.perf_counter() - start
+        modelled = generation_seconds(model, workload, [len(s.completion_ids) for s in samples],
+                                      cfg.rollout.group_size)
+        points.append({"sequences": len(samples), "measured_s": measured, "modelled_s": modelled})
+    per_request = statistics.median((p["measured_s"] - p["modelled_s"]) / p["sequences"] for p in points)
+    return {"per_request_s": max(0.0, per_request), "points": points}
 
 
 def batch_groups(cfg: PipelineConfig) -> int:
@@ -421,7 +459,7 @@ def plot_profile(profile: Profile, path: Path) -> Path:
 
 
 def progress_steps(cfg: PipelineConfig) -> int:
-    return 1 + len(batch_sizes(cfg)) + 1 + 1 + 3 + 1 + 1
+    return 1 + len(batch_sizes(cfg)) + 1 + 1 + 3 + 1 + 1 + 1
 
 
 def summary_line(profile: Profile) -> str:
@@ -432,7 +470,9 @@ def summary_line(profile: Profile) -> str:
               if co else "")
     return (f"decode step {1000 * d['a']:.2f} ms + {1000 * d['b']:.4f} ms/sequence (fit error {profile.decode.error:.0%}); "
             f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "
-            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens{beside}"
+            f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens"
+            + (f"; {1000 * profile.requests['per_request_s']:.2f} ms per request beyond decode and prefill"
+               if profile.requests else "") + beside
             + took(profile.meta.get("seconds") or {}))
 
 

@@ -64,7 +64,8 @@ def test_the_measured_workload_knows_which_share_of_samples_grpo_trains(tmp_path
 
 def test_a_profile_round_trips_through_its_schema(tmp_path):
     for profile in (synthetic_profile(), synthetic_profile(logprob=Fit({"fixed_s": 0.01, "per_token_s": 5e-5}, 0.04)),
-                    synthetic_profile(co_running={"decode": 1.05, "train": 1.2, "train_step_s": 1.3})):
+                    synthetic_profile(co_running={"decode": 1.05, "train": 1.2, "train_step_s": 1.3}),
+                    synthetic_profile(requests={"per_request_s": 2e-3, "points": [{"sequences": 64}]})):
         (tmp_path / "profile.json").write_text(profile.to_json())
         assert load_profile(tmp_path / "profile.json") == profile
 
@@ -108,6 +109,18 @@ def test_devices_sharing_a_host_are_charged_at_their_co_running_speed():
     assert alone.decode_slowdown_beside_training() == 1.0 and beside.load_seconds() == alone.load_seconds()
 
 
+def test_each_request_costs_its_measured_overhead_beyond_prefill_and_decode():
+    from bidirl.perf.workload import Workload
+    from bidirl.sim.costs import generation_seconds
+
+    workload = Workload(name="w", prompt_tokens=9, mean_tokens=3.5, cap=8, prompt_sigma=0.3, sample_sigma=0.2)
+    lengths = [3, 4, 3, 5] * 16  # one chunk: 16 groups of 4
+    bare = generation_seconds(synthetic_profile().model(), workload, lengths, 4)
+    charged = generation_seconds(synthetic_profile(requests={"per_request_s": 2e-3}).model(), workload, lengths, 4)
+    assert charged == pytest.approx(bare + 64 * 2e-3)  # (a device does a request's own work in turn)
+    assert synthetic_profile().model().request_overhead_seconds() == 0.0  # older profiles did not measure it
+
+
 def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_runs(tmp_path):
     steps = {}
     long_answers = {"prompt_tokens": 9, "mean_tokens": 60.0, "cap": 120, "prompt_sigma": 0.3, "sample_sigma": 0.2}
@@ -130,6 +143,7 @@ def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_r
     (lambda d: {**d, "weights": {**d["weights"], "load_s": "fast"}}, "key 'weights.load_s' must be a finite number"),
     (lambda d: {**d, "co_running": {"decode": 1.1}}, "missing key 'train'"),
     (lambda d: {**d, "co_running": {"decode": 0, "train": 1.2}}, "key 'co_running.decode' must be a slowdown factor"),
+    (lambda d: {**d, "requests": {"per_request_s": -1}}, "key 'requests.per_request_s' must be a finite number >= 0"),
 ])
 def test_a_corrupt_profile_is_one_line_naming_the_file_and_the_key(tmp_path, damage, message):
     data = json.loads(synthetic_profile().to_json())
@@ -353,7 +367,10 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     assert all(len(pairs["ratios"]) == CO_RUNNING_PAIRS for pairs in profile.co_running["pairs"].values())
     assert profile.model().logprob_seconds(1000) < profile.model().train_compute_seconds(1000)  # a forward is cheaper
     # where the profile's own time went, part by part, and in its one-line summary
-    assert list(profile.meta["seconds"]) == ["engines", "decode", "lengths", "train", "co_running", "weights"]
+    assert list(profile.meta["seconds"]) == ["engines", "decode", "lengths", "train", "requests", "co_running",
+                                             "weights"]
+    # a chunk generated as a live device does it, against the fits: each request's cost beyond them
+    assert len(profile.requests["points"]) == 3 and profile.requests["per_request_s"] >= 0
     assert all(s >= 0 for s in profile.meta["seconds"].values()) and "measured in" in result.stderr
     cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
                                                   f"sim.profile={run / 'profile.json'}"])

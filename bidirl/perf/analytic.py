@@ -152,6 +152,11 @@ class PerfModel:
         flops = self.mfu * self.hardware.peak_flops * instance_devices
         return 2 * self.model.params / flops * self.rollout_efficiency
 
+    def request_overhead_seconds(self) -> float:
+        # per-request CPU work (scheduling, detokenising, scoring) overlaps a GPU's decode steps, and the
+        # calibration against published end-to-end figures (validation case A) already includes it
+        return 0.0
+
     def load_seconds(self) -> float:
         return self.load_s
 

@@ -4,6 +4,8 @@
 
     decode    step(B, ctx) = a + b * B + c * B * ctx      least squares over (batch, context) points
     prefill   seconds per prompt token
+    requests  seconds per request beyond its prefill and decode steps (optional): a chunk generated and
+              scored as a live device does it, against what the decode and prefill fits say it takes
     train     step(tokens) = fixed + per_token * tokens    one device, gradients and optimizer step
     logprob   forward(tokens) = fixed + per_token * tokens  one device, log-probs only (optional)
     weights   load (into the rollout engine), publish (flatten + hand-off), bytes
@@ -57,6 +59,7 @@ class Profile:
     meta: Dict[str, Any] = field(default_factory=dict)
     logprob: Optional[Fit] = None  # fixed_s, per_token_s (forward-only); absent in older profiles
     co_running: Optional[Dict[str, float]] = None  # decode, train: slowdown factors beside the other stage
+    requests: Optional[Dict[str, Any]] = None  # per_request_s, and the chunks it was measured on
 
     def model(self, recompute_logprob: bool = False) -> "FittedModel":
         return FittedModel(self)
@@ -90,6 +93,9 @@ class FittedModel:
     def prefill_seconds_per_token(self, instance_devices: int = 1) -> float:
         one_device(instance_devices)
         return self.profile.prefill.coefficients["per_token"]
+
+    def request_overhead_seconds(self) -> float:
+        return (self.profile.requests or {}).get("per_request_s", 0.0)  # (older profiles: not measured)
 
     def decode_slowdown_beside_training(self) -> float:
         return self.decode_factor
@@ -236,12 +242,15 @@ def load_profile(path: str | Path) -> Profile:
             co_running = {**data["co_running"], **_numbers(data, "co_running", ("decode", "train"))}
             if min(co_running["decode"], co_running["train"]) <= 0:
                 raise _Bad("co_running.decode", "a slowdown factor above 0 (and co_running.train too)")
+        requests = None
+        if data.get("requests") is not None:  # optional: older profiles did not measure it
+            requests = {**data["requests"], **_numbers(data, "requests", ("per_request_s",))}
     except KeyError as exc:
         raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
     except _Bad as exc:
         raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
     return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
-                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running)
+                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running, requests)
 
 
 class _Bad(Exception):

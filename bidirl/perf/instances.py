@@ -39,6 +39,9 @@ class InstanceModel:
     def prefill_seconds_per_token(self, instance_devices: int = 1) -> float:
         return self.perf.prefill_seconds_per_token(instance_devices * self.k)
 
+    def request_overhead_seconds(self) -> float:
+        return self.perf.request_overhead_seconds()
+
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         return self.perf.max_concurrency(context, instance_devices * self.k)
 

@@ -20,6 +20,11 @@ class PerformanceModel(Protocol):
 
     def prefill_seconds_per_token(self, instance_devices: int = 1) -> float: ...
 
+    def request_overhead_seconds(self) -> float:
+        """Seconds each request costs its device beyond its prefill and decode steps: the engine's per-request
+        work, scoring the answer, and carrying the sample to the controller."""
+        ...
+
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         """Sequences of that context the instance's KV cache holds at once."""
         ...

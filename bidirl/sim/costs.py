@@ -102,7 +102,18 @@ def make_instance(perf: PerfModel, workload: Workload) -> Instance:
     context = workload.prompt_tokens + workload.mean_tokens / 2  # mean context while decoding
     intercept, slope = perf.decode_line(context)
     per_token = perf.prefill_seconds_per_token()
-    return Instance(intercept, slope, perf.max_concurrency(context), per_token * workload.prompt_tokens, per_token)
+    per_request = per_token * workload.prompt_tokens + perf.request_overhead_seconds()  # (charged as prefill)
+    return Instance(intercept, slope, perf.max_concurrency(context), per_request, per_token)
+
+
+def generation_seconds(perf: PerfModel, workload: Workload, lengths: List[int], group_size: int) -> float:
+    """Seconds one device takes to generate ``lengths`` (groups of ``group_size``), all requested at once
+    with nothing else running: what the model says a chunk costs."""
+    instance = make_instance(perf, workload)
+    instance.admit(0.0, 0, lengths, group_size)
+    while instance.next_finish() is not None:
+        instance.finish_due(instance.next_finish())
+    return instance.clock
 
 
 def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, steps: int,
