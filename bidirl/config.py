@@ -79,6 +79,9 @@ class DataConfig:
     train_size: int = 20000
     eval_size: int = 200
     seed: int = 0
+    # drawn reasoning-gym problem lists are kept here ("" = draw them every time): a small task space
+    # takes tens of draws to exhaust, ~30 s that every process of a run would otherwise repeat
+    cache_dir: str = ".cache/problems"
     # "plain" (Question:/Answer:), "compact" (<q> =) or "chat" (the tokenizer's chat template, for instruct models).
     prompt_style: str = "plain"
     few_shot: int = 0

@@ -8,17 +8,21 @@ worked solution), so the rest of bidirl never knows where a problem came from.
   with ``question``/``answer`` fields; the reference is the number after ``####``.
 * reasoning-gym tasks are procedural and seeded, so the CPU default needs no download. Train and
   held-out problems are drawn from one stream and split by a stable hash of the question text, so the
-  held-out set never contains a training question even when the task's problem space is small.
+  held-out set never contains a training question even when the task's problem space is small. A
+  drawn list is kept in ``data.cache_dir`` (JSON, keyed by everything that decides it), because
+  drawing takes ~30 s where the task space is small and every process of a run reads the problems.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 from bidirl.config import DataConfig
 from bidirl.errors import BidirlError
@@ -41,7 +45,38 @@ def load_problems(cfg: DataConfig, split: str) -> List[Problem]:
     size = cfg.train_size if split == "train" else cfg.eval_size
     if cfg.source == "gsm8k":
         return load_gsm8k(cfg.path, split)[:size]
-    return load_reasoning_gym(cfg.task, cfg.task_config, cfg.seed, split, size)
+    return cached_problems(cfg, split, lambda: load_reasoning_gym(cfg.task, cfg.task_config, cfg.seed, split, size))
+
+
+CACHE_FORMAT = 1  # bump when what a cached list holds, or how it is drawn, changes
+
+
+def cached_problems(cfg: DataConfig, split: str, draw: Callable[[], List[Problem]]) -> List[Problem]:
+    """``draw()``, or the list it gave before for the same task, settings, seed, split, size and
+    reasoning-gym version. A cache file that cannot be read is drawn again; one that cannot be written
+    is skipped (the cache only saves time)."""
+    if not cfg.cache_dir:
+        return draw()
+    from importlib.metadata import version
+
+    size = cfg.train_size if split == "train" else cfg.eval_size
+    key = json.dumps([CACHE_FORMAT, version("reasoning-gym"), cfg.task, cfg.task_config, cfg.seed, split, size],
+                     sort_keys=True, default=str)
+    path = Path(cfg.cache_dir) / f"{cfg.task}-{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        rows = json.loads(path.read_text())
+        return [Problem(str(q), str(a), str(s)) for q, a, s in rows]
+    except (OSError, ValueError, TypeError):  # not there yet, or not a list of triples: draw it
+        pass
+    problems = draw()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")  # processes of one run may race: each its own
+        tmp.write_text(json.dumps([[p.question, p.answer, p.solution] for p in problems]))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return problems
 
 
 def load_gsm8k(source: str, split: str) -> List[Problem]:

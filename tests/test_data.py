@@ -136,3 +136,27 @@ def test_a_worked_tiny_recipe_gets_its_own_cached_base_model():
     default = load_config("pipelines/cpu-tiny.yaml", [])
     worked = load_config("pipelines/cpu-tiny.yaml", ["model.tiny.sft_target=worked"])
     assert tiny_cache_dir(worked) != tiny_cache_dir(default)
+
+
+def test_a_drawn_problem_list_is_kept_and_read_back_unchanged_without_drawing_again(tmp_path, monkeypatch):
+    import bidirl.data
+
+    cfg = DataConfig(task="basic_arithmetic", task_config=ADDITION, train_size=300, eval_size=40,
+                     cache_dir=str(tmp_path / "problems"))
+    drawn = load_problems(cfg, "train")
+    assert drawn == load_reasoning_gym("basic_arithmetic", ADDITION, 0, "train", 300)
+    monkeypatch.setattr(bidirl.data, "load_reasoning_gym", lambda *a: pytest.fail("drawn again"))
+    assert load_problems(cfg, "train") == drawn
+    # anything that decides the list is in its key: another seed or split is drawn, not read
+    for other in (DataConfig(**{**cfg.__dict__, "seed": 1}), cfg):
+        with pytest.raises(pytest.fail.Exception, match="drawn again"):
+            load_problems(other, "test" if other is cfg else "train")
+
+
+def test_an_unreadable_cached_list_is_drawn_again(tmp_path):
+    cfg = DataConfig(task="basic_arithmetic", task_config=ADDITION, train_size=50, cache_dir=str(tmp_path))
+    drawn = load_problems(cfg, "train")
+    (cached,) = tmp_path.glob("*.json")
+    cached.write_text("{not json")
+    assert load_problems(cfg, "train") == drawn
+    assert json.loads(cached.read_text())[0][0] == drawn[0].question  # and kept again
