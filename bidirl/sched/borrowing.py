@@ -263,6 +263,14 @@ class BidirlPolicy(VerlDynamicPolicy):
                 and max(cluster.inflight_by_version[d.index]) < cluster.weights_next(d)]
 
     @staticmethod
+    def any_admissible_next(cluster: Cluster) -> bool:
+        """Could any device start new groups once its tail has gone? False while admission blocks every
+        device (most events): no device holds or loads weights newer than ``cluster.version`` and the
+        admission limit never falls as the version grows, so ``admissible_next`` is then <= 0 for every
+        tail holder -- an O(1) answer where ``tail_holders`` looks at every generating device."""
+        return cluster.admission_limit(cluster.version) > cluster.admitted
+
+    @staticmethod
     def admissible_next(cluster: Cluster, device: Device) -> int:
         """Groups ``device`` could start once its tail has gone, with the weights it will then hold."""
         return cluster.admission_limit(cluster.weights_next(device)) - cluster.admitted
@@ -275,7 +283,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         decode step grows past ``MERGE_SLOWDOWN`` of its present one (the decode line at a tail's
         context: short tails are weight-bound and merge almost for free, long-context ones are not and
         stay put) -- every older group is awaited by some batch soon."""
-        if not self.migrating(cluster):
+        if not self.migrating(cluster) or not self.any_admissible_next(cluster):
             return
         holders = self.tail_holders(cluster)
         # (a lent trainer the next step could use goes home instead)
@@ -310,7 +318,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         awaits, so the devices holding them start new groups -- if none is lent already, merging those
         groups stays within ``MERGE_SLOWDOWN``, and a tail's expected time left (half a chunk's time
         alone on a device) beats the two switches the lease costs."""
-        if not self.migrating(cluster) or cluster.training is not None or self.step_can_start(cluster):
+        if not self.migrating(cluster) or cluster.training is not None or not self.any_admissible_next(cluster) \
+                or self.step_can_start(cluster):
             return
         if any(d.home is Role.TRAIN and d.role is Role.ROLLOUT for d in cluster.devices):
             return
