@@ -58,21 +58,32 @@ class Instance:
         return True
 
     def _advance(self, now: float) -> None:
-        """Decode up to ``now``, finishing sequences (and completing groups) on the way."""
+        """Decode up to ``now``, finishing sequences (and completing groups) on the way.
+
+        (The simulator's innermost loop: attributes it reads on every segment are held in locals, and
+        the decode step is ``step_time`` written out -- the same arithmetic, in the same order.)"""
         t = max(self.clock, self.paused_until)
-        while t < now and self.running:
-            finish = self.running[0][0]
-            step = self.step_time(len(self.running))
-            reach = t + max(0.0, finish - self.progress) * step
+        running = self.running  # (the same list: ``_join_waiting`` inserts into it in place)
+        step_a, step_b, slowdown = self.step_a, self.step_b, self.slowdown
+        while t < now and running:
+            finish = running[0][0]
+            step = (step_a + step_b * len(running)) * slowdown  # step_time(len(running))
+            progress = self.progress
+            reach = t + max(0.0, finish - progress) * step
             if reach > now:
-                self.progress += (now - t) / step
+                self.progress = progress + (now - t) / step
                 self.busy_s += now - t
                 t = now
                 break
             self.busy_s += reach - t
-            t, self.progress = reach, max(self.progress, finish)
-            while self.running and self.running[0][0] <= self.progress + 1e-9:
-                self._finish(self.running.pop(0)[2])
+            t = reach
+            if finish > progress:  # progress = max(progress, finish)
+                progress = self.progress = finish
+            # every sequence finishing by now: the sorted list's first ``ended`` entries
+            ended = bisect.bisect_right(running, (progress + 1e-9, math.inf))
+            for entry in running[:ended]:
+                self._finish(entry[2])
+            del running[:ended]
             if self.waiting:
                 self._join_waiting(t)
                 t = max(t, self.paused_until)
@@ -86,9 +97,10 @@ class Instance:
 
     def _join_waiting(self, now: float) -> None:
         joined, generated = 0, 0.0
-        while self.waiting and len(self.running) < self.capacity:
-            length, group, done = self.waiting.popleft()  # (a continued request generated ``done`` elsewhere)
-            bisect.insort(self.running, (self.progress + length, next(self.seq), group, self.progress - done))
+        running, waiting, capacity, progress, seq = self.running, self.waiting, self.capacity, self.progress, self.seq
+        while waiting and len(running) < capacity:
+            length, group, done = waiting.popleft()  # (a continued request generated ``done`` elsewhere)
+            bisect.insort(running, (progress + length, next(seq), group, progress - done))
             joined, generated = joined + 1, generated + done
         if joined:  # prefill of each prompt, and a continued request's tokens too
             self.paused_until = max(now, self.paused_until) + joined * self.prefill + generated * self.recompute_per_token
@@ -96,11 +108,11 @@ class Instance:
     def admit(self, now: float, chunk: int, lengths: List[int], group_size: int = 0) -> None:
         """Sequences of ``chunk``: ``group_size`` consecutive lengths form a group (0: the chunk is one group)."""
         self._advance(now)
-        size = group_size or len(lengths)
-        for i, length in enumerate(lengths):
-            group = (chunk, i // size)
-            self.left[group] = self.left.get(group, 0) + 1
-            self.waiting.append((length, group, 0.0))
+        size = group_size or len(lengths) or 1  # (or 1: an empty chunk has no group)
+        for first in range(0, len(lengths), size):  # one group's sequences at a time
+            group, mine = (chunk, first // size), lengths[first:first + size]
+            self.left[group] = self.left.get(group, 0) + len(mine)
+            self.waiting.extend((length, group, 0.0) for length in mine)
         self._join_waiting(now)
         self.epoch += 1
 
@@ -149,13 +161,18 @@ class Instance:
         if not self.running:
             return None
         t, progress, running = max(self.clock, self.paused_until), self.progress, len(self.running)
+        step_a, step_b, slowdown, left, waiting = self.step_a, self.step_b, self.slowdown, self.left, self.waiting
         remaining: Dict[Group, int] = {}
         for finish, _, group, _ in self.running:
-            t += max(0.0, finish - progress) * self.step_time(running)
-            progress, running = max(progress, finish), running - 1
-            remaining[group] = remaining.get(group, self.left[group]) - 1
-            if remaining[group] == 0 or self.waiting:
+            t += max(0.0, finish - progress) * ((step_a + step_b * running) * slowdown)  # step_time(running)
+            if finish > progress:  # progress = max(progress, finish)
+                progress = finish
+            running -= 1
+            mine = remaining.get(group)
+            mine = (left[group] if mine is None else mine) - 1
+            if mine == 0 or waiting:
                 return t
+            remaining[group] = mine
         return t
 
     def finish_due(self, now: float) -> List[Group]:
