@@ -43,7 +43,11 @@ class Workload:
         # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2
         prompt_mean = math.exp(math.log(mean) - self.prompt_sigma ** 2 / 2 + self.prompt_sigma * z_prompt)
         mu = math.log(prompt_mean) - self.sample_sigma ** 2 / 2
-        return [max(1, min(self.cap, int(math.exp(mu + self.sample_sigma * z)))) for z in z_samples]
+        # max(1, min(cap, int(exp(mu + sigma * z)))) per sample, written out: called for every group
+        # generated, twice per run (the simulation and the step bound)
+        cap, sigma, exp = self.cap, self.sample_sigma, math.exp
+        lengths = [int(exp(mu + sigma * z)) for z in z_samples]
+        return [1 if n < 1 else cap if n > cap else n for n in lengths]
 
     def _measured_group(self, z: float, size: int, mean: float) -> List[int]:
         """The measured group the draw ``z`` picks (its quantile), its lengths scaled so that the

@@ -139,8 +139,9 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
         tail = 0.0
         for group in range(k * batch_groups, (k + 1) * batch_groups):
             lengths = workload.group_lengths(draws, group, k if on_policy else max(0, k - lag), steps)
-            tokens = sum(lengths) + prompt * len(lengths)
-            gen += sum(lengths) * saturated + len(lengths) * instance.prefill
+            generated = sum(lengths)
+            tokens = generated + prompt * len(lengths)
+            gen += generated * saturated + len(lengths) * instance.prefill
             train_tokens += tokens
             if on_policy:
                 alone = max(lengths) * instance.step_time(1) + instance.prefill
