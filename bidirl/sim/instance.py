@@ -64,7 +64,7 @@ class Instance:
         the decode step is ``step_time`` written out -- the same arithmetic, in the same order.)"""
         t = max(self.clock, self.paused_until)
         running = self.running  # (the same list: ``_join_waiting`` inserts into it in place)
-        step_a, step_b, slowdown = self.step_a, self.step_b, self.slowdown
+        step_a, step_b, slowdown, left = self.step_a, self.step_b, self.slowdown, self.left
         while t < now and running:
             finish = running[0][0]
             step = (step_a + step_b * len(running)) * slowdown  # step_time(len(running))
@@ -82,28 +82,33 @@ class Instance:
             # every sequence finishing by now: the sorted list's first ``ended`` entries
             ended = bisect.bisect_right(running, (progress + 1e-9, math.inf))
             for entry in running[:ended]:
-                self._finish(entry[2])
+                group = entry[2]  # one sequence fewer left; its group is done with the last
+                left[group] -= 1
+                if left[group] == 0:
+                    del left[group]
+                    self.done.append(group)
             del running[:ended]
             if self.waiting:
                 self._join_waiting(t)
                 t = max(t, self.paused_until)
         self.clock = max(self.clock, now)
 
-    def _finish(self, group: Group) -> None:
-        self.left[group] -= 1
-        if self.left[group] == 0:
-            del self.left[group]
-            self.done.append(group)
-
     def _join_waiting(self, now: float) -> None:
-        joined, generated = 0, 0.0
-        running, waiting, capacity, progress, seq = self.running, self.waiting, self.capacity, self.progress, self.seq
-        while waiting and len(running) < capacity:
-            length, group, done = waiting.popleft()  # (a continued request generated ``done`` elsewhere)
-            bisect.insort(running, (progress + length, next(seq), group, progress - done))
-            joined, generated = joined + 1, generated + done
-        if joined:  # prefill of each prompt, and a continued request's tokens too
-            self.paused_until = max(now, self.paused_until) + joined * self.prefill + generated * self.recompute_per_token
+        """Waiting sequences join the decode batch, oldest first, while the KV cache has room."""
+        running, waiting, progress = self.running, self.waiting, self.progress
+        joined = min(len(waiting), self.capacity - len(running))
+        if joined <= 0:
+            return
+        joining = [waiting.popleft() for _ in range(joined)]  # (a continued request generated ``done`` elsewhere)
+        # appended, then sorted once: the sequence numbers make every entry distinct, so the order is the
+        # one inserting them one by one would give
+        running.extend([(progress + length, next(self.seq), group, progress - done) for length, group, done in joining])
+        running.sort()
+        generated = 0.0
+        for _, _, done in joining:
+            generated += done
+        # prefill of each prompt, and a continued request's tokens too
+        self.paused_until = max(now, self.paused_until) + joined * self.prefill + generated * self.recompute_per_token
 
     def admit(self, now: float, chunk: int, lengths: List[int], group_size: int = 0) -> None:
         """Sequences of ``chunk``: ``group_size`` consecutive lengths form a group (0: the chunk is one group)."""
