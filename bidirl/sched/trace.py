@@ -64,7 +64,7 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str]) ->
 
 def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> Dict[str, Dict[str, float]]:
     """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1)."""
-    seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in set(homes.values())}
+    seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in sorted(set(homes.values()))}
     current: Dict[int, Tuple[str, float]] = {device: (NO_REASON, 0.0) for device in homes}
     for record in trace:
         device = record["device"]
