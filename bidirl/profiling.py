@@ -11,8 +11,11 @@ sampling settings (one thread, as each live device worker runs):
   trainer will train (groups whose rewards differ). Several batches, so a task whose lengths spread
   10x is measured on more than one batch's draw. (These are the base model's lengths: a live run's
   drift as the policy learns -- cpu-long's 85 -> ~50 tokens in 30 steps -- is not foreseen here);
-* training: one optimizer step on a quarter, a half and all of that batch, and a forward-only
-  log-prob pass over the same parts (what recomputing old or reference log-probs costs);
+* training: one optimizer step on a quarter, a half and all of twice the samples a step will train (the
+  batch's share in groups whose rewards differ, as just measured; at most the whole batch), and a
+  forward-only log-prob pass over the same parts (what recomputing old or reference log-probs costs).
+  A live step trains only those groups -- ~10% of a cpu-long batch -- and a line fitted on whole
+  batches left its intercept to decide the prediction there (off 2-4x both ways);
 * what each request costs beyond its prefill and decode steps (the decode fit is a difference of two
   timings, so per-call and per-request costs cancel out of it): the run's first chunk generated,
   scored and encoded for the controller as a live device does it, against the fits' time for the same
@@ -190,8 +193,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         prefill.coefficients["per_token"] = max(0.0, prefill.coefficients["per_token"])
 
         # the task's own response lengths, on the prompts the run will draw first (its seeded sampler),
-        # and samples to train on: one whole batch of the run, so the training points span the step the
-        # run will train (a fit extrapolated from small parts misleads)
+        # and samples to train on: from one whole batch of the run, so the training points can span the
+        # step the run will train (a fit extrapolated far from its points misleads)
         drawn = PromptSampler(problems, cfg.seed).next(LENGTH_BATCHES * groups)
         by_group = rollout_batch(cfg, rollout, drawn)
         workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
@@ -201,10 +204,11 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         parts.lap("lengths")
         advance()
 
-        # training: one optimizer step on increasing shares of the batch, and a forward-only log-prob pass
+        # training: one optimizer step on increasing parts of the batch, and a forward-only log-prob pass,
+        # spanning what a step trains (its informative samples) from half to twice as many
         train_points, logprob_points = [], []
-        for share in (4, 2, 1):
-            part = samples[: max(1, len(samples) // share)]
+        for size in training_sizes(len(samples), workload["informative"]):
+            part = samples[:size]
             tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in part)
             train_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.step(part), TRAIN_REPEATS)})
             logprob_points.append({"tokens": tokens, "seconds": median_time(lambda: trainer.logprobs(part), 2)})
@@ -301,6 +305,13 @@ def request_overhead(cfg: PipelineConfig, rollout: Any, problems: list, fits: Pr
         points.append({"sequences": len(samples), "measured_s": measured, "modelled_s": modelled})
     per_request = statistics.median((p["measured_s"] - p["modelled_s"]) / p["sequences"] for p in points)
     return {"per_request_s": max(0.0, per_request), "points": points}
+
+
+def training_sizes(batch: int, informative: float) -> List[int]:
+    """Samples in each timed training step: a quarter, a half and all of twice the ``informative`` share
+    of a ``batch`` (at most the batch), so the fitted line spans the steps a run will train."""
+    top = min(batch, max(2, round(2 * informative * batch)))
+    return [max(1, top // 4), max(1, top // 2), top]  # (two alike on a tiny batch: still two distinct sizes)
 
 
 def batch_groups(cfg: PipelineConfig) -> int:

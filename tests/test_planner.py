@@ -479,3 +479,11 @@ def test_a_live_run_starts_its_cost_estimates_from_the_profile_of_its_devices(tm
     assert prior_from_environment() == (prior, source)  # what the controller receives
     monkeypatch.delenv(PRIOR_VARIABLE)
     assert prior_from_environment() == (None, "none")
+
+
+def test_training_is_profiled_around_the_samples_a_step_will_train_not_the_whole_batch():
+    from bidirl.profiling import training_sizes
+
+    assert training_sizes(256, 0.76) == [64, 128, 256]  # most groups teach: up to the whole batch
+    assert training_sizes(128, 0.07) == [4, 9, 18]  # a step trains ~9 samples: from half to twice that
+    assert len(set(training_sizes(4, 0.01))) == 2  # a tiny batch still gives a line
