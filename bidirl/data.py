@@ -45,13 +45,13 @@ def load_problems(cfg: DataConfig, split: str) -> List[Problem]:
     size = cfg.train_size if split == "train" else cfg.eval_size
     if cfg.source == "gsm8k":
         return load_gsm8k(cfg.path, split)[:size]
-    return cached_problems(cfg, split, lambda: load_reasoning_gym(cfg.task, cfg.task_config, cfg.seed, split, size))
+    return cached_problems(cfg, split, size, lambda: load_reasoning_gym(cfg.task, cfg.task_config, cfg.seed, split, size))
 
 
 CACHE_FORMAT = 1  # bump when what a cached list holds, or how it is drawn, changes
 
 
-def cached_problems(cfg: DataConfig, split: str, draw: Callable[[], List[Problem]]) -> List[Problem]:
+def cached_problems(cfg: DataConfig, split: str, size: int, draw: Callable[[], List[Problem]]) -> List[Problem]:
     """``draw()``, or the list it gave before for the same task, settings, seed, split, size and
     reasoning-gym version. A cache file that cannot be read is drawn again; one that cannot be written
     is skipped (the cache only saves time)."""
@@ -59,7 +59,6 @@ def cached_problems(cfg: DataConfig, split: str, draw: Callable[[], List[Problem
         return draw()
     from importlib.metadata import version
 
-    size = cfg.train_size if split == "train" else cfg.eval_size
     key = json.dumps([CACHE_FORMAT, version("reasoning-gym"), cfg.task, cfg.task_config, cfg.seed, split, size],
                      sort_keys=True, default=str)
     path = Path(cfg.cache_dir) / f"{cfg.task}-{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

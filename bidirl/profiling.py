@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, fit_workload
+from bidirl.perf.fitted import SWITCH_KEYS, WEIGHT_KEYS, Fit, Profile, fit_decode, fit_line, fit_workload
 from bidirl.samples import Sample, SamplingParams
 
 REPEATS = 3  # each timing is the median of this many runs
@@ -222,8 +222,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # as a live device does it and carried as its reply to the controller is, against the fits
         prefill = Fit({"per_token": prefill.coefficients["per_token"]}, prefill.error, prefill.points)
         capacity = max(p["batch"] for p in decode_points)
-        fits_so_far = Profile(cfg.cluster.device_type, decode, prefill, train, dict.fromkeys(WEIGHTS, 0.0),
-                              dict.fromkeys(SWITCHES, 0.0), capacity, workload)
+        fits_so_far = Profile(cfg.cluster.device_type, decode, prefill, train, dict.fromkeys(WEIGHT_KEYS, 0.0),
+                              dict.fromkeys(SWITCH_KEYS, 0.0), capacity, workload)
         requests = request_overhead(cfg, rollout, drawn[: min(cfg.launch.chunk_groups, groups)], fits_so_far)
         parts.lap("requests")
         advance()
@@ -280,9 +280,6 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     tmp.replace(out / "profile.json")
     plot_profile(profile, out / "profile.png")
     return profile
-
-
-WEIGHTS, SWITCHES = ("load_s", "publish_s", "bytes"), ("to_rollout_s", "to_train_s")  # (profile.json keys)
 
 
 def request_overhead(cfg: PipelineConfig, rollout: Any, problems: list, fits: Profile) -> Dict[str, Any]:

@@ -35,6 +35,8 @@ from bidirl.errors import BidirlError, read_json_document
 from bidirl.perf.workload import Workload
 
 SCHEMA = "bidirl.profile/1"
+WEIGHT_KEYS = ("load_s", "publish_s", "bytes")  # a profile's ``weights`` block
+SWITCH_KEYS = ("to_rollout_s", "to_train_s")  # and its ``switch`` block
 
 
 @dataclass
@@ -215,8 +217,8 @@ def load_profile(path: str | Path) -> Profile:
     try:
         fits = {name: _fit(data, name, keys) for name, keys in
                 (("decode", ("a", "b", "c")), ("prefill", ("per_token",)), ("train", ("fixed_s", "per_token_s")))}
-        weights = _numbers(data, "weights", ("load_s", "publish_s", "bytes"))
-        switch = _numbers(data, "switch", ("to_rollout_s", "to_train_s"))
+        weights = _numbers(data, "weights", WEIGHT_KEYS)
+        switch = _numbers(data, "switch", SWITCH_KEYS)
         logprob = _fit(data, "logprob", ("fixed_s", "per_token_s")) if data.get("logprob") is not None else None
         capacity = data["capacity"]
         if not isinstance(capacity, int) or capacity < 1:

@@ -107,8 +107,8 @@ def make_instance(perf: PerfModel, workload: Workload) -> Instance:
 
 
 def generation_seconds(perf: PerfModel, workload: Workload, lengths: List[int], group_size: int) -> float:
-    """Seconds one device takes to generate ``lengths`` (groups of ``group_size``), all requested at once
-    with nothing else running: what the model says a chunk costs."""
+    """Seconds one device takes to generate ``lengths`` (groups of ``group_size``; 0: one group), all
+    requested at once with nothing else running: what the model says a chunk costs."""
     instance = make_instance(perf, workload)
     instance.admit(0.0, 0, lengths, group_size)
     while instance.next_finish() is not None:
@@ -172,8 +172,4 @@ def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups
 
 def _run_alone(costs: CalibratedCosts, first: int, groups: int) -> float:
     """Seconds one device takes to generate groups ``first..first+groups-1`` with nothing else running."""
-    instance = costs.make_instance()
-    instance.admit(0.0, 0, costs.lengths(Chunk(0, 0, first, groups, 0)))
-    while instance.next_finish() is not None:
-        instance.finish_due(instance.next_finish())
-    return instance.clock
+    return generation_seconds(costs.perf, costs.workload, costs.lengths(Chunk(0, 0, first, groups, 0)), 0)
