@@ -342,3 +342,15 @@ def test_a_streamed_step_finishes_soon_after_its_last_group_and_beats_waiting_fo
             starts = [r for r in streamed.cluster.trace if r["to"] == "training" and "streamed" in r["reason"]]
             assert starts and streamed.samples_per_s > 1.2 * whole.samples_per_s
             assert 0 < streamed.time_breakdown["train"]["tail"] < 1  # waiting for groups inside a step is idle time
+
+
+def test_workload_draws_are_the_standard_library_gaussians_bit_for_bit():
+    import random
+
+    from bidirl.perf.workload import GroupDraws, standard_normals
+
+    for seed, n in ((0, 9), (12345, 2304), (7, 1)):
+        gauss = random.Random(seed).gauss
+        assert standard_normals(seed, n) == [gauss(0.0, 1.0) for _ in range(n)]
+    draws, gauss = GroupDraws(3, 8), random.Random(3 * 1_000_003 + 1).gauss  # group 256 opens block 1
+    assert draws.draws(256) == (gauss(0.0, 1.0), [gauss(0.0, 1.0) for _ in range(8)])

