@@ -147,6 +147,23 @@ def test_the_bound_is_the_same_for_every_policy_and_no_policy_beats_it():
     assert all(r.bound_step_s < r.step_s for r in results)
 
 
+def test_the_bound_reads_the_groups_a_simulation_drew_and_gets_what_drawing_them_again_gives():
+    from bidirl.perf.workload import preset
+    from bidirl.sched.cluster import Chunk
+    from bidirl.sim.costs import CalibratedCosts, step_bound
+    from bidirl.sim.run import perf_model
+
+    perf, steps, batch = perf_model(small()), 6, 8
+    for name, eta in (("gsm8k", 0), ("gsm8k", 1), ("math-drift", 1)):  # (drift: other means, drawn again)
+        costs = CalibratedCosts(perf, preset(name), 4, steps, seed=3)
+        for step in range(steps):  # each batch generated at its own version, as on-policy steps are
+            costs.lengths(Chunk(step, 0, step * batch, batch, step))
+        drawn_again = step_bound(perf, preset(name), 4, batch, steps, 4, 3, eta)
+        assert step_bound(perf, preset(name), 4, batch, steps, 4, 3, eta, costs.drawn) == drawn_again, (name, eta)
+    assert costs.drawn.get(0, preset("math-drift").mean_at(0, steps)) is not None  # read where the mean matches
+    assert costs.drawn.get(batch, preset("math-drift").mean_at(0, steps)) is None  # not where it drifted
+
+
 def test_device_time_is_accounted_by_cause_in_the_same_categories_for_every_policy():
     from bidirl.sched.trace import CATEGORIES
 

@@ -37,7 +37,7 @@ class Workload:
         """Lengths of prompt group ``group``'s samples when it is generated at ``step``: fixed standard
         normal draws per group, scaled by this workload (and its drift at ``step``)."""
         z_prompt, z_samples = draws.draws(group)
-        mean = self.mean_tokens * (1.0 + self.drift * step / max(1, steps))
+        mean = self.mean_at(step, steps)
         if self.empirical:
             return self._measured_group(z_prompt, len(z_samples), mean)
         # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2
@@ -48,6 +48,10 @@ class Workload:
         cap, sigma, exp = self.cap, self.sample_sigma, math.exp
         lengths = [int(exp(mu + sigma * z)) for z in z_samples]
         return [1 if n < 1 else cap if n > cap else n for n in lengths]
+
+    def mean_at(self, step: int, steps: int) -> float:
+        """The mean response length (before the cap) of groups generated at ``step``: drift grows it."""
+        return self.mean_tokens * (1.0 + self.drift * step / max(1, steps))
 
     def _measured_group(self, z: float, size: int, mean: float) -> List[int]:
         """The measured group the draw ``z`` picks (its quantile), its lengths scaled so that the

@@ -12,8 +12,9 @@ against (see its docstring).
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
-from typing import Deque, Dict, List, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from bidirl.sched.cluster import Chunk
 from bidirl.sched.estimates import Estimates
@@ -21,6 +22,28 @@ from bidirl.sched.replanning import ResponseLengths
 from bidirl.perf.model import PerformanceModel as PerfModel
 from bidirl.perf.workload import GroupDraws, Workload
 from bidirl.sim.instance import Instance
+
+
+class DrawnGroups:
+    """What :func:`step_bound` needs of each prompt group the simulation drew -- the mean it was drawn
+    at, its generated tokens, its longest sequence -- so that the bound need not draw every group again
+    (it would take as long as the simulation's own drawing). Groups are admitted in rising order, so
+    group ``g`` is entry ``g``; one drawn out of order is not kept (the bound draws it itself)."""
+
+    def __init__(self) -> None:
+        self.mean, self.generated, self.longest = array("d"), array("q"), array("q")
+
+    def record(self, group: int, mean: float, lengths: List[int]) -> None:
+        if group == len(self.mean):
+            self.mean.append(mean)
+            self.generated.append(sum(lengths))
+            self.longest.append(max(lengths))
+
+    def get(self, group: int, mean: float) -> Optional[Tuple[int, int]]:
+        """(generated tokens, longest sequence) of ``group`` if it was drawn at ``mean``."""
+        if group < len(self.mean) and self.mean[group] == mean:
+            return self.generated[group], self.longest[group]
+        return None
 
 
 class CalibratedCosts:
@@ -36,6 +59,7 @@ class CalibratedCosts:
         self.train_device_s = 0.0
         self.switches = 0
         self.trained_lengths = ResponseLengths()  # what the re-planner reads
+        self.drawn = DrawnGroups()  # (for the step bound)
 
     def make_instance(self) -> Instance:
         return make_instance(self.perf, self.workload)
@@ -49,6 +73,7 @@ class CalibratedCosts:
             # fixed draws per prompt group (common random numbers): policies are compared on one
             # workload, not on different draws of it
             mine = self.workload.group_lengths(self.draws, group, chunk.version, self.steps)
+            self.drawn.record(group, self.workload.mean_at(chunk.version, self.steps), mine)
             self.group_tokens[(chunk.index, i)] = sum(mine) + self.workload.prompt_tokens * len(mine)
             lengths += mine
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
@@ -117,7 +142,7 @@ def generation_seconds(perf: PerfModel, workload: Workload, lengths: List[int], 
 
 
 def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, steps: int,
-               devices: int, seed: int, eta: float) -> float:
+               devices: int, seed: int, eta: float, drawn: Optional[DrawnGroups] = None) -> float:
     """A lower bound on the mean step time that no policy can beat, and that no policy can move.
 
     Per step k (groups kB .. kB+B-1, drawn as every policy draws them), the larger of
@@ -129,7 +154,9 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
         step k+1 cannot start generating before step k's weights exist.
     Unlike tau* = (R + T) / G from each policy's own busy time, a policy that spreads generation
     thinly does not get a kinder bound. (Lengths drift with the version a group is generated at; the
-    work term draws them at the earliest version any policy within the staleness bound could use.)"""
+    work term draws them at the earliest version any policy within the staleness bound could use.)
+    ``drawn``: the groups a simulation of this workload and seed drew already; those drawn at the same
+    mean are read, not drawn again (the same numbers: the draws depend only on seed and group)."""
     instance, draws = make_instance(perf, workload), GroupDraws(seed, group_size)
     saturated = instance.step_time(instance.capacity) / instance.capacity  # seconds per token at full batch
     prompt, on_policy, lag = workload.prompt_tokens, eta == 0, math.ceil(eta) + 1
@@ -137,14 +164,19 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
     for k in range(steps):
         gen = train_tokens = 0.0
         tail = 0.0
+        version = k if on_policy else max(0, k - lag)
+        mean = workload.mean_at(version, steps)
         for group in range(k * batch_groups, (k + 1) * batch_groups):
-            lengths = workload.group_lengths(draws, group, k if on_policy else max(0, k - lag), steps)
-            generated = sum(lengths)
-            tokens = generated + prompt * len(lengths)
-            gen += generated * saturated + len(lengths) * instance.prefill
+            known = drawn.get(group, mean) if drawn is not None else None
+            if known is None:
+                lengths = workload.group_lengths(draws, group, version, steps)
+                known = sum(lengths), max(lengths)
+            generated, longest = known
+            tokens = generated + prompt * group_size
+            gen += generated * saturated + group_size * instance.prefill
             train_tokens += tokens
             if on_policy:
-                alone = max(lengths) * instance.step_time(1) + instance.prefill
+                alone = longest * instance.step_time(1) + instance.prefill
                 tail = max(tail, alone + perf.train_compute_seconds(tokens * workload.informative,
                                                                     recompute_logprob=False) / devices)
         trained = train_tokens * workload.informative

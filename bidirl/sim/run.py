@@ -21,7 +21,7 @@ from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 from bidirl.sched.trace import charge_stream_wait, pool_idle_ratio, steady_step_s, time_breakdown
-from bidirl.sim.costs import CalibratedCosts, estimates, make_instance, step_bound
+from bidirl.sim.costs import CalibratedCosts, DrawnGroups, estimates, make_instance, step_bound
 from bidirl.sim.simulator import Simulator
 
 
@@ -143,6 +143,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     (a multiple of ``cluster.instance_devices``), and so does the result."""
     start = time.perf_counter()
     k = instance_size(cfg)
+    own_workload = workload is None  # (the bound is of the configured workload: it may reuse our draws)
     perf, workload = unit_model(cfg), workload or sim_workload(cfg)
     shape = unit_shape(cfg)
     if eta is not None:
@@ -170,7 +171,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     simulator.run()
     makespan = cluster.now
     samples = cluster.trained_groups * G
-    bound = bound_step(cfg, perf, shape.staleness) if with_bound else 0.0
+    bound = bound_step(cfg, perf, shape.staleness, costs.drawn if own_workload else None) if with_bound else 0.0
     homes_map = {d.index: d.home.value for d in cluster.devices}
     idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
     charge_stream_wait(idle, breakdown, simulator.stream_wait_s, makespan, devices - run.rollout_devices)
@@ -185,15 +186,15 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
 _BOUNDS: Dict[tuple, float] = {}
 
 
-def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float) -> float:
+def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float, drawn: Optional[DrawnGroups] = None) -> float:
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
-    comparison shares it)."""
+    comparison shares it). ``drawn``: groups a simulation of ``cfg`` drew already (read, not redrawn)."""
     units = cfg.cluster.devices // instance_size(cfg)
     key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step,
            cfg.train.steps, units, cfg.seed, eta)
     if key not in _BOUNDS:
         _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,
-                                  cfg.train.steps, units, cfg.seed, eta)
+                                  cfg.train.steps, units, cfg.seed, eta, drawn)
     return _BOUNDS[key]
 
 
