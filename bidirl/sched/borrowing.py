@@ -220,8 +220,9 @@ class BidirlPolicy(VerlDynamicPolicy):
         """Would ``joining`` more devices, arriving after one switch, finish the work left sooner by
         more than the switch home they cost afterwards?"""
         est, left = self.estimates, self.remaining_s(cluster)
-        n = self.trainers(cluster) + sum(1 for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.TRAIN
-                                         and d.state is DeviceState.SWITCHING)  # already on their way in
+        switching = (cluster.devices[i] for i in cluster.switching)  # (a set the cluster keeps: not every device)
+        on_their_way_in = sum(1 for d in switching if d.home is Role.ROLLOUT and d.role is Role.TRAIN)
+        n = self.trainers(cluster) + on_their_way_in
         # joiners return their gradients to the primary one after another
         with_help = est.switch_s + max(0.0, left - est.switch_s) * n / (n + joining) + joining * est.grad_transfer_s
         return left - with_help > est.switch_s

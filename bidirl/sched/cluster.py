@@ -166,6 +166,7 @@ class Cluster:
         for d in self.devices:
             self.idle_sets[d.role].add(d.index)
         self.generating: set = set()  # devices in GENERATING
+        self.switching: set = set()  # devices in SWITCHING
         self.idle_causes: Dict[int, str] = {}  # idle device -> why it is idle (see idle_cause)
         self._settled = (None, None, None)
         self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
@@ -662,6 +663,7 @@ class Cluster:
         self.idle_sets[Role.ROLLOUT].discard(index)
         self.idle_sets[Role.TRAIN].discard(index)
         self.generating.discard(index)
+        self.switching.discard(index)
         if record["to"] == "idle":
             record["cause"] = self.idle_causes[index] = self.idle_cause(self.devices[index])
             self.idle_sets[Role(record["role"])].add(index)
@@ -669,4 +671,6 @@ class Cluster:
             self.idle_causes.pop(index, None)
             if record["to"] == "generating":
                 self.generating.add(index)
+            elif record["to"] == "switching":
+                self.switching.add(index)
         self.trace.append(record)
