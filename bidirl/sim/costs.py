@@ -69,11 +69,12 @@ class CalibratedCosts:
 
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
+        mean = self.workload.mean_at(chunk.version, self.steps)  # (one version per chunk)
         for i, group in enumerate(range(chunk.first, chunk.first + chunk.groups)):
             # fixed draws per prompt group (common random numbers): policies are compared on one
             # workload, not on different draws of it
             mine = self.workload.group_lengths(self.draws, group, chunk.version, self.steps)
-            self.drawn.record(group, self.workload.mean_at(chunk.version, self.steps), mine)
+            self.drawn.record(group, mean, mine)
             self.group_tokens[(chunk.index, i)] = sum(mine) + self.workload.prompt_tokens * len(mine)
             lengths += mine
         self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
