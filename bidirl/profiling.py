@@ -178,12 +178,12 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             return max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short)), seconds
 
         decode_points, prefill_points, prompt_tokens = [], [], []
-        for groups, (short, long_) in points:
-            lengths = tokens_of[:groups]
+        for running, (short, long_) in points:  # (not ``groups``: that is the whole batch, used below)
+            lengths = tokens_of[:running]
             prompt_tokens += lengths
-            step, seconds = decode_step(groups, short, long_)
+            step, seconds = decode_step(running, short, long_)
             context = statistics.mean(lengths) + (short + long_) / 2
-            decode_points.append({"batch": groups * G, "context": context, "step_s": step})
+            decode_points.append({"batch": running * G, "context": context, "step_s": step})
             if short == points[0][1][0]:
                 prefill_points.append({"tokens": sum(lengths) * G, "seconds": max(0.0, seconds[short] - short * step)})
             advance()

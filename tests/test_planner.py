@@ -10,7 +10,7 @@ import pytest
 from bidirl.config import load_config
 from bidirl.errors import BidirlError
 from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, load_profile
-from bidirl.profiling import CO_RUNNING_PAIRS, IDLE, TRAIN, paired_slowdown
+from bidirl.profiling import CO_RUNNING_PAIRS, IDLE, LENGTH_BATCHES, TRAIN, paired_slowdown
 from bidirl.planner import fits_memory, load_plan, plan, preflight, write_plan
 from bidirl.sim.run import perf_model, simulate
 
@@ -352,6 +352,7 @@ TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_
 
 def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(tmp_path):
     result = subprocess.run([BIDIRL, "profile", "pipelines/cpu-tiny.yaml", *TINY, "cluster.devices=2",
+                             "train.prompts_per_step=16",  # a batch of two chunks (TINY's chunk: 8 groups)
                              f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -360,6 +361,9 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     profile = load_profile(run / "profile.json")
     assert len(profile.decode.points) >= 4 and len(profile.train.points) == 3
     assert profile.train.coefficients["per_token_s"] > 0 and profile.workload["cap"] == 8
+    # lengths of four whole batches of the run's first prompts, and training on samples of a whole batch --
+    # not of the last decode batch timed (one chunk), which the profile once measured by mistake
+    assert len(profile.workload["groups"]) == LENGTH_BATCHES * 16
     assert len(profile.logprob.points) == 3 and 0 < profile.workload["informative"] <= 1
     # two CPU devices share this machine: each stage was timed again beside a process doing the other
     assert profile.co_running["train"] > 0.5 and profile.co_running["decode"] > 0.5
