@@ -30,7 +30,8 @@ the rounds, with the range of the measured), the ratio of the means and of each 
 means, and each pool's busy share, which
 says where they differ. The profile measures each stage beside the other (two CPU devices share this
 machine), which the prediction charges. Writes ``fidelity.json`` (next to
-this file unless ``--out``) and prints a markdown table.
+this file unless ``--out``; the settings measured replace their rows, the others' stay) and prints a
+markdown table.
 """
 
 from __future__ import annotations
@@ -174,7 +175,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.settings.split(","):
             rows += measure(name, args.steps, Path(args.work or scratch), args.repeats)
-    Path(args.out).write_text(json.dumps(rows, indent=2))
+    out = Path(args.out)  # the settings measured now replace theirs; the others' rows stay
+    kept = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["setting"] not in args.settings.split(",")]
+    out.write_text(json.dumps(sorted(kept + rows, key=lambda r: list(SETTINGS).index(r["setting"])), indent=2))
     print("\n| setting | mean response: profiled / live | policy | measured step s, mean [range] | one-shot "
           "predicted s | one-shot / measured (each round) | at the run's lengths, predicted s | at the run's lengths "
           "/ measured (each round) | busy, predicted | busy, measured | switches, predicted / measured |")
