@@ -234,10 +234,10 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         if neighbour is not None:
             decode_groups, (short, long_) = points[len(batch_sizes(cfg)) - 1]  # the largest batch, usual context
             # a slowdown is a property of the micro-batches' kernels beside the neighbour, and a whole batch
-            # is the same micro-batches over again: a quarter of it (at least one micro-batch), twice per
-            # timing, measures the same factor in half the time (the whole batch, once per timing, took
-            # 2.5 of the demo profile's 6 minutes)
-            part = samples[: max(len(samples) // 4, min(len(samples), cfg.train.micro_batch_size))]
+            # is the same micro-batches over again: one micro-batch (at most the batch), twice per timing,
+            # measures the same factor (the whole batch, once per timing, took 2.5 of the demo profile's
+            # 6 minutes)
+            part = samples[: min(len(samples), cfg.train.micro_batch_size)]
 
             def train_step() -> float:
                 return median_time(lambda: trainer.step(part), 2)
