@@ -311,13 +311,24 @@ def test_a_live_launch_and_a_profiled_machine_choose_one_device_instances():
 def test_the_planning_horizon_is_counted_in_samples_so_small_batches_of_long_responses_simulate_more_steps():
     from bidirl.planner import HORIZON, MAX_HORIZON, horizon_steps
 
-    def steps(prompts, run_steps=60):
+    def steps(prompts, run_steps=60, eta=0):
         return horizon_steps(small(f"train.prompts_per_step={prompts}", "rollout.group_size=8",
-                                   f"train.steps={run_steps}"))
+                                   f"train.steps={run_steps}", f"algorithm.staleness={eta}"))
 
     assert steps(512) == HORIZON and steps(256) == 2 * HORIZON and steps(128) == MAX_HORIZON == 4 * HORIZON
     assert steps(128, run_steps=20) == 20 and steps(16) == MAX_HORIZON  # never past the run, nor MAX_HORIZON
     assert horizon_steps(small(), horizon=6) == 6  # an explicit horizon is kept
+
+
+def test_the_planning_horizon_adds_the_steps_a_staleness_bound_lets_the_pipeline_run_ahead():
+    from bidirl.planner import HORIZON, horizon_steps
+
+    def steps(eta, run_steps=60):
+        return horizon_steps(small("train.prompts_per_step=512", "rollout.group_size=8", f"train.steps={run_steps}",
+                                   f"algorithm.staleness={eta}"))
+
+    assert [steps(eta) for eta in (0, 1, 2, 4)] == [HORIZON, HORIZON + 1, HORIZON + 2, HORIZON + 4]
+    assert steps(4, run_steps=14) == 14  # still never past the run
 
 
 class DriftingHost:
