@@ -21,6 +21,8 @@ old log-prob recompute (bidirl's own trainer skips it too: one optimizer step pe
 proximal log-probs come from the forward it trains with; the main table charges it to everyone but
 the published verl-async).
 
+``--rows gsm8k:2,gsm8k:4`` runs only those (workload, eta) rows.
+
 ``--switch`` instead sweeps the one switch cost every switching policy pays (0.5, 1, 2 s) on
 gsm8k and math at eta 0 and 1, at the splits found with the modelled cost.
 
@@ -121,7 +123,7 @@ def main(argv: List[str]) -> None:
             at = argv.index(flag)
             EVERYONE.append(f"{key}={argv[at + 1]}")
             argv = argv[:at] + argv[at + 2:]
-    numbers = [a for a in argv if not a.startswith("--")]
+    numbers = [a for a in argv if not a.startswith("--") and ":" not in a]
     steps = int(numbers[0]) if numbers else 60
     processes = int(numbers[1]) if len(numbers) > 1 else 2
     if "--switch" in argv:
@@ -135,6 +137,8 @@ def main(argv: List[str]) -> None:
                 print(line, flush=True)
         return
     rows = [(workload, eta) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
+    if "--rows" in argv:  # e.g. --rows gsm8k:2,gsm8k:4: only these rows of the table
+        rows = [(w, int(e)) for w, e in (item.split(":") for item in argv[argv.index("--rows") + 1].split(","))]
     if "--no-recompute" in argv:
         EVERYONE.append("sim.recompute_logprob=false")
         rows = [(w, eta) for w in ("gsm8k", "math") for eta in (0, 1)]
