@@ -176,7 +176,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
     legal = preflight(cfg, policy, check_memory)
-    short = planning_config(cfg, horizon)
+    short = planning_config(cfg, horizon, policy)
     steps = short.train.steps
     devices = cfg.cluster.devices
     workload = workload or sim_workload(cfg)
@@ -295,25 +295,31 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     return legal
 
 
-def horizon_steps(cfg: PipelineConfig, horizon: Optional[int] = None) -> int:
-    """Steps each candidate is simulated for: ``horizon`` if given, else about ``PLAN_SAMPLES`` samples'
-    worth (``HORIZON`` to ``MAX_HORIZON`` steps) *after the first eta steps*; never more than the run's
-    steps, nor more than ``SAMPLE_BUDGET`` samples (but ``MIN_HORIZON`` steps at least).
+def horizon_steps(cfg: PipelineConfig, horizon: Optional[int] = None, policy: Optional[str] = None) -> int:
+    """Steps each candidate of ``policy`` (default ``launch.mode``) is simulated for: ``horizon`` if given,
+    else about ``PLAN_SAMPLES`` samples' worth (``HORIZON`` to ``MAX_HORIZON`` steps) plus, for a policy
+    that bounds each group's staleness, eta steps; never more than the run's steps, nor more than
+    ``SAMPLE_BUDGET`` samples (but ``MIN_HORIZON`` steps at least).
 
-    Why eta more: the first eta batches are generated ahead of training while the pipeline fills, and a
-    long sequence holds a batch up only at its deadline, eta steps after it started -- so over the first
-    eta steps a split short of rollout devices looks as good as any. (12 steps at gsm8k eta 4 ranked
-    14/18 first for areal; 16 steps and more, like 60 steps, rank 15/17 first, 248 samples/s against
-    216 at 60 steps, seed 0: 14/18's batches wait 30-80 s for a straggler every few steps after step 12.)"""
+    Why eta more: with per-group deadlines a long sequence holds a batch up only at its deadline, eta
+    steps after it started, so over the first eta steps a split short of rollout devices looks as good
+    as any. (12 steps at gsm8k eta 4 ranked 14/18 first for areal; 16 steps and more, like 60 steps,
+    rank 15/17 first, 248 samples/s against 216 at 60 steps, seed 0: 14/18's batches wait 30-80 s for
+    a straggler every few steps after step 12.) A count-only policy (veRL fully-async) trains a long
+    sequence whenever it ends and never waits for one: nothing to add (at gsm8k eta 2, 14 steps tied
+    its 16/16 with 17/15, which 12 steps and 60 steps over 3 seeds rank first, 274 against 261)."""
     samples_per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
     if horizon is None:
-        horizon = min(MAX_HORIZON, max(HORIZON, PLAN_SAMPLES // samples_per_step)) + math.ceil(cfg.algorithm.staleness)
+        deadlines = POLICIES[policy or cfg.launch.mode].deadlines
+        horizon = (min(MAX_HORIZON, max(HORIZON, PLAN_SAMPLES // samples_per_step))
+                   + (math.ceil(cfg.algorithm.staleness) if deadlines else 0))
     return max(1, min(cfg.train.steps, horizon, max(MIN_HORIZON, SAMPLE_BUDGET // samples_per_step)))
 
 
-def planning_config(cfg: PipelineConfig, horizon: Optional[int] = None) -> PipelineConfig:
-    """``cfg`` cut to the planner's horizon: what every candidate split is simulated on."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=horizon_steps(cfg, horizon)))
+def planning_config(cfg: PipelineConfig, horizon: Optional[int] = None, policy: Optional[str] = None) -> PipelineConfig:
+    """``cfg`` cut to the planner's horizon for ``policy`` (default ``launch.mode``): what every candidate
+    split is simulated on."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=horizon_steps(cfg, horizon, policy)))
 
 
 def candidate(short: PipelineConfig, policy: str, rollout_devices: int, workload: Optional[Workload] = None,

@@ -320,15 +320,16 @@ def test_the_planning_horizon_is_counted_in_samples_so_small_batches_of_long_res
     assert horizon_steps(small(), horizon=6) == 6  # an explicit horizon is kept
 
 
-def test_the_planning_horizon_adds_the_steps_a_staleness_bound_lets_the_pipeline_run_ahead():
+def test_the_planning_horizon_adds_eta_steps_where_a_straggler_holds_its_batch_up_only_at_its_deadline():
     from bidirl.planner import HORIZON, horizon_steps
 
-    def steps(eta, run_steps=60):
+    def steps(eta, run_steps=60, policy="areal"):
         return horizon_steps(small("train.prompts_per_step=512", "rollout.group_size=8", f"train.steps={run_steps}",
-                                   f"algorithm.staleness={eta}"))
+                                   f"algorithm.staleness={eta}"), policy=policy)
 
     assert [steps(eta) for eta in (0, 1, 2, 4)] == [HORIZON, HORIZON + 1, HORIZON + 2, HORIZON + 4]
     assert steps(4, run_steps=14) == 14  # still never past the run
+    assert steps(2, policy="verl-async") == HORIZON  # count-only staleness: no deadline to hold a batch up
 
 
 class DriftingHost:
