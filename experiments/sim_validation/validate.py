@@ -65,7 +65,7 @@ def case_b() -> List[str]:
                      f"rollout idle {result.idle_ratio['rollout']:.0%}) | {published.get(split, '')} | "
                      f"{result.samples_per_s / sync.samples_per_s:.2f} |")
     # the planner's view of the same three splits: its own objective (the planning horizon, seed 0)
-    short = planning_config(cfg)
+    short = planning_config(cfg, policy="verl-async")
     scores = {split: candidate(short, "verl-async", split).samples_per_s for split in (8, 16, 24)}
     ranking = " > ".join(f"{x}:{32 - x}" for x in sorted(scores, key=scores.get, reverse=True))
     chosen = plan(cfg, "verl-async")
