@@ -10,7 +10,8 @@ Search (pruned, not all n - 1 splits): candidates are simulated on a short horiz
 ``MAX_HORIZON`` steps, fewer for very large batches so a candidate costs at most ``SAMPLE_BUDGET``
 samples): a horizon in samples rather than steps, because a candidate's cost is its simulated samples
 and a small batch of long responses needs more steps before its tails settle the ranking (12 steps of
-128 reasoning prompts ranked 24/8 first where 60 steps over three seeds rank 27/5 first). First a
+128 reasoning prompts ranked 24/8 first where 60 steps over three seeds rank 27/5 first); plus eta
+steps for a policy with per-group deadlines, before which no straggler can hold a batch up. First a
 coarse grid of about ``GRID`` evenly spaced splits plus the analytic balance point of the estimated
 stage times (``balanced_split``); then a bisection inside the bracket one grid step either side of
 the best grid point (throughput against split rises to one plateau and falls: each
