@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -180,7 +181,12 @@ def fit_decode(points: List[Dict[str, float]]) -> Fit:
 
 
 def fit_line(points: List[Dict[str, float]], x: str, y: str, names: Tuple[str, str]) -> Fit:
+    """Least squares of ``y`` on ``x``, with the slope kept >= 0: work never gets faster as it grows,
+    so a falling line is timer noise (points too close together to tell apart, as a tiny model's few
+    trained samples are) -- the best line that does not fall is then flat, at the points' mean."""
     intercept, slope = least_squares([(1.0, p[x]) for p in points], [p[y] for p in points])
+    if slope < 0:
+        intercept, slope = statistics.fmean(p[y] for p in points), 0.0
     predicted = [intercept + slope * p[x] for p in points]
     return Fit({names[0]: intercept, names[1]: slope}, relative_error(predicted, [p[y] for p in points]), points)
 
