@@ -47,7 +47,7 @@ class RollPolicy(AsyncPolicy):
     style = "ROLL-style asynchronous, one batch share per rollout device"
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        share = -(-cluster.B // max(1, len(cluster.pool(Role.ROLLOUT))))  # one batch share per device
+        share = -(-cluster.B // max(1, cluster.pool_size(Role.ROLLOUT)))  # one batch share per device
         fill_rollout(cluster, actions, share)
 
 
@@ -85,7 +85,7 @@ class VerlDynamicPolicy(AsyncPolicy):
         open_groups = self.next_batch_open(cluster)
         if not open_groups or not cluster.idle_sets[Role.TRAIN]:
             return
-        generating = max(1, sum(1 for d in cluster.devices if d.role is Role.ROLLOUT))
+        generating = max(1, len(cluster.serving_role(Role.ROLLOUT)))
         expected_wait = open_groups * self.estimates.generate_group_s / generating
         if expected_wait <= 2 * self.estimates.switch_s + self.estimates.lease_s(cluster.chunk_groups):
             return
@@ -104,8 +104,8 @@ class VerlDynamicPolicy(AsyncPolicy):
         if not self.migrating(cluster) or self.lease_over(cluster):
             return  # (a lent trainer whose lease is over goes home instead of taking more)
         takers = self.lent_to_rollout(cluster)
-        pool = [d for d in cluster.devices if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT
-                and d.state is DeviceState.GENERATING and not d.after_work]
+        pool = [d for d in (cluster.devices[i] for i in sorted(cluster.serving[(Role.ROLLOUT, Role.ROLLOUT)]))
+                if d.state is DeviceState.GENERATING and not d.after_work]
         if not takers or not pool:
             return
         load = {d.index: cluster.inflight[d.index] for d in pool + takers}
@@ -125,16 +125,16 @@ class VerlDynamicPolicy(AsyncPolicy):
     @staticmethod
     def lent_to_rollout(cluster: Cluster) -> List[Device]:
         """Home trainers lent to rollout that can take requests now (idle or generating, nothing queued)."""
-        return [d for d in cluster.devices if d.home is Role.TRAIN and d.role is Role.ROLLOUT
-                and d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
+        return [d for d in cluster.lent_to(Role.ROLLOUT)
+                if d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
 
     def lease_over(self, cluster: Cluster) -> bool:
         """A trainer lent to rollout goes home once idle: the next batch is fully admitted or can train."""
         return self.next_batch_open(cluster) == 0 or cluster.batch_ready() or cluster.stream_ready()
 
     def end_trainer_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        for d in cluster.idle(Role.ROLLOUT):
-            if d.home is Role.TRAIN and not d.after_work and self.lease_over(cluster):
+        for d in cluster.lent_to(Role.ROLLOUT):
+            if d.idle and not d.after_work and self.lease_over(cluster):
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "lease ends: batch complete"))
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
@@ -184,11 +184,11 @@ class BidirlPolicy(VerlDynamicPolicy):
         """Home trainers (idle, current; those away on a lease join when back, the primary never is)
         plus borrowed devices already in; devices still switching in join the step later instead of
         delaying it."""
-        home = [d for d in cluster.pool(Role.TRAIN) if not d.lent]
+        home = [cluster.devices[i] for i in sorted(cluster.serving[(Role.TRAIN, Role.TRAIN)])]  # (not lent)
         if cluster.devices[cluster.primary].lent or \
                 not all(d.role is Role.TRAIN and d.idle and d.version == cluster.version for d in home):
             return []
-        switching_in = any(d.home is Role.ROLLOUT and d.role is Role.TRAIN and not d.idle for d in cluster.devices)
+        switching_in = any(not d.idle for d in cluster.lent_to(Role.TRAIN))
         if switching_in and not cluster.allows_join:
             return []  # a driver that cannot add devices to a running step: wait for the borrowed devices
         borrowed = [d for d in cluster.idle(Role.TRAIN) if d.home is Role.ROLLOUT and d.version == cluster.version]
@@ -208,7 +208,7 @@ class BidirlPolicy(VerlDynamicPolicy):
 
     def trainers(self, cluster: Cluster) -> int:
         """Devices sharing the step in progress, or the home trainers that will start the next one."""
-        return self.step.devices if cluster.training is not None else len(cluster.pool(Role.TRAIN))
+        return self.step.devices if cluster.training is not None else cluster.pool_size(Role.TRAIN)
 
     def remaining_s(self, cluster: Cluster) -> float:
         """Estimated seconds left in the step in progress (the whole step, T/n, if it has not started)."""
@@ -230,11 +230,15 @@ class BidirlPolicy(VerlDynamicPolicy):
     def join_or_return(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """A borrowed device that has switched in joins the step in progress; between steps it waits for
         the next one only if that batch is ready, else it goes home."""
-        for d in cluster.idle(Role.TRAIN):
+        if cluster.training is None:  # (home trainers join only a step in progress: only lent ones to look at)
+            idle = [cluster.devices[i] for i in sorted(cluster.idle_sets[Role.TRAIN] & cluster.serving[(Role.TRAIN, Role.ROLLOUT)])]
+        else:
+            idle = cluster.idle(Role.TRAIN)
+        for d in idle:
             if d.after_work:
                 continue
             if d.home is Role.TRAIN:  # back from a lease while a step runs: it steps its replica with the rest
-                if d.index in cluster.trainers_away and d.version == cluster.version:
+                if d.index not in cluster.training_devices and d.version == cluster.version:
                     issue(cluster, actions, ev.Join(d.index))
                     self.step.join(cluster.now)
                 continue
@@ -257,11 +261,12 @@ class BidirlPolicy(VerlDynamicPolicy):
         that work ends, where generation cannot be interrupted for a load (the live runtime): the
         placement rule (``fill_rollout``) gives them no new groups until that tail ends, so each decodes
         a few sequences at a fraction of its capacity while admissible work waits."""
-        devices = cluster.devices  # (only generating devices qualify: the cluster keeps that set)
-        return [d for d in (devices[i] for i in sorted(cluster.generating))
-                if d.home is Role.ROLLOUT and d.role is Role.ROLLOUT and d.state is DeviceState.GENERATING
-                and d.after_work in ([], ["load"]) and cluster.inflight[d.index]
-                and max(cluster.inflight_by_version[d.index]) < cluster.weights_next(d)]
+        # (only generating devices at home in the rollout pool qualify: the cluster keeps both sets)
+        devices, inflight, by_version = cluster.devices, cluster.inflight, cluster.inflight_by_version
+        held = [i for i in cluster.generating & cluster.serving[(Role.ROLLOUT, Role.ROLLOUT)]
+                if inflight[i] and max(by_version[i]) < cluster.weights_next(devices[i])
+                and devices[i].after_work in ([], ["load"])]
+        return [devices[i] for i in sorted(held)]
 
     @staticmethod
     def any_admissible_next(cluster: Cluster) -> bool:
@@ -322,7 +327,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         if not self.migrating(cluster) or cluster.training is not None or not self.any_admissible_next(cluster) \
                 or self.step_can_start(cluster):
             return
-        if any(d.home is Role.TRAIN and d.role is Role.ROLLOUT for d in cluster.devices):
+        if cluster.serving[(Role.ROLLOUT, Role.TRAIN)]:  # a trainer is lent to rollout already
             return
         holders, due, est = self.tail_holders(cluster), cluster.due_inflight(), self.estimates
         awaited = [due.get(d.index, 0) for d in holders]
@@ -332,7 +337,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or \
                 0.5 * est.lease_s(cluster.chunk_groups) <= 2 * est.switch_s:
             return
-        alone = len(cluster.pool(Role.TRAIN)) == 1  # the primary may go only if no other trainer could
+        alone = cluster.pool_size(Role.TRAIN) == 1  # the primary may go only if no other trainer could
         for d in cluster.idle(Role.TRAIN):
             if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
                     and d.version == cluster.version:

@@ -167,6 +167,14 @@ class Cluster:
             self.idle_sets[d.role].add(d.index)
         self.generating: set = set()  # devices in GENERATING
         self.switching: set = set()  # devices in SWITCHING
+        # devices per (role served, home pool), kept the same way: who is lent, who serves rollout, which
+        # devices a pool holds -- questions every decision asks, answered at the cost of the answer
+        # rather than of the cluster's size (a 1,024-device simulation asks them on every event)
+        self.serving: Dict[Tuple[Role, Role], set] = {(role, home): set() for role in Role for home in Role}
+        self._serving_key: Dict[int, Tuple[Role, Role]] = {}
+        for d in self.devices:
+            self._serving_key[d.index] = (d.role, d.home)
+            self.serving[(d.role, d.home)].add(d.index)
         self.idle_causes: Dict[int, str] = {}  # idle device -> why it is idle (see idle_cause)
         self._settled = (None, None, None)
         self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
@@ -190,7 +198,19 @@ class Cluster:
         return [self.devices[i] for i in sorted(self.idle_sets[role])]
 
     def pool(self, home: Role) -> List[Device]:
-        return [d for d in self.devices if d.home is home]
+        """The devices whose home is ``home``, lent or not, in index order."""
+        return [self.devices[i] for i in sorted(self.serving[(Role.ROLLOUT, home)] | self.serving[(Role.TRAIN, home)])]
+
+    def pool_size(self, home: Role) -> int:
+        return len(self.serving[(Role.ROLLOUT, home)]) + len(self.serving[(Role.TRAIN, home)])
+
+    def serving_role(self, role: Role) -> set:
+        """Indices of the devices serving ``role`` now, at home or lent."""
+        return self.serving[(role, Role.ROLLOUT)] | self.serving[(role, Role.TRAIN)]
+
+    def lent_to(self, role: Role) -> List[Device]:
+        """Devices lent away from their home pool to serve ``role``, in index order."""
+        return [self.devices[i] for i in sorted(self.serving[(role, role.other())])]
 
     @property
     def finished(self) -> bool:
@@ -234,7 +254,8 @@ class Cluster:
     def decoding_older_tail(self, device: Device) -> bool:
         """Is ``device`` still decoding groups started with weights older than those it now holds (the
         tail of an earlier version, after a load interrupted it)?"""
-        return any(version < device.version for version in self.inflight_by_version[device.index])
+        versions = self.inflight_by_version[device.index]
+        return bool(versions) and min(versions) < device.version
 
     def start_chunk(self, action: ev.Generate) -> Chunk:
         """The chunk a ``Generate`` action created: drivers carry actions out in the order applied."""
@@ -259,7 +280,7 @@ class Cluster:
         join before its optimizer step, since every home trainer steps an identical replica."""
         if self.training is None:
             return []
-        return [d.index for d in self.devices if d.home is Role.TRAIN and d.index not in self.training_devices]
+        return [d.index for d in self.pool(Role.TRAIN) if d.index not in self.training_devices]
 
     def due_inflight(self) -> Dict[int, int]:
         """Groups batch k must contain (version <= k - eta) still generating, per device holding them."""
@@ -289,8 +310,9 @@ class Cluster:
             done = self.completed_by_version.get(k, 0)
             return Counter({k: self.B - done}) if done else None
         due = k - self.eta
+        devices = self.devices
         if self.admitted < self.admission_limit(int(due)) and any(
-                d.role is Role.ROLLOUT and d.version <= due and self.admissible(d) > 0 for d in self.devices):
+                devices[i].version <= due and self.admissible(devices[i]) > 0 for i in self.serving_role(Role.ROLLOUT)):
             return None  # a device could still start due groups: batch k's membership is not known yet
         waiting = Counter({v: n - self.completed_by_version.get(v, 0) for v, n in self.untrained.items() if v <= due})
         waiting = +waiting  # (drops zeros)
@@ -608,8 +630,10 @@ class Cluster:
         """Per direction (home -> served role): how many leases, device-seconds lent, longest lease."""
         out: Dict[str, Dict[str, float]] = {}
         for lease in self.leases:
-            home = self.devices[lease.device].home.value
-            entry = out.setdefault(f"{home}->{lease.serves.value}", {"leases": 0, "device_s": 0.0, "longest_s": 0.0})
+            # (a lease serves the role its device's home pool does not: its home then, whatever a later
+            # re-partition made it)
+            entry = out.setdefault(f"{lease.serves.other().value}->{lease.serves.value}",
+                                   {"leases": 0, "device_s": 0.0, "longest_s": 0.0})
             held = (lease.end if lease.end is not None else self.now) - lease.start
             entry["leases"] += 1
             entry["device_s"] = round(entry["device_s"] + held, 3)
@@ -660,6 +684,12 @@ class Cluster:
 
     def _log(self, record: dict) -> None:
         index = record["device"]
+        device = self.devices[index]
+        key = (device.role, device.home)  # (a transition flips the role; a rehome changes the home before it)
+        if key != self._serving_key[index]:
+            self.serving[self._serving_key[index]].discard(index)
+            self.serving[key].add(index)
+            self._serving_key[index] = key
         self.idle_sets[Role.ROLLOUT].discard(index)
         self.idle_sets[Role.TRAIN].discard(index)
         self.generating.discard(index)

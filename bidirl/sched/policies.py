@@ -57,17 +57,18 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     if cluster.admitted >= newest_limit:
         return  # nothing may start on any device (the common case while admission blocks): O(1)
     pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
-    candidates = [cluster.devices[i] for i in sorted(pool)]
-    candidates = [d for d in candidates if d.role is Role.ROLLOUT and (home is None or d.home is home)
-                  and cluster.has_room(d, 1) and not cluster.decoding_older_tail(d)]
-    if not candidates:
-        return
+    pool &= cluster.serving[(Role.ROLLOUT, home)] if home is not None else cluster.serving_role(Role.ROLLOUT)
     # devices serving rollout now or soon count: switching in, or at home in the rollout pool but lent out
-    serving = [d for d in cluster.devices if (d.role is Role.ROLLOUT or d.home is Role.ROLLOUT)
-               and d.index not in cluster.leaving]  # a device leaving for the train pool takes no more
-    outstanding = newest_limit - cluster.admitted + sum(cluster.inflight[d.index] for d in serving)
+    serving = (cluster.serving_role(Role.ROLLOUT) | cluster.serving[(Role.TRAIN, Role.ROLLOUT)]) - cluster.leaving
+    # (a device leaving for the train pool takes no more)
+    if not pool or not serving:  # (every device that could take work serves rollout)
+        return
+    devices, inflight = cluster.devices, cluster.inflight
+    outstanding = newest_limit - cluster.admitted + sum(inflight[i] for i in serving)
     share = -(-outstanding // len(serving))
-    heap = [(cluster.inflight[d.index], d.index) for d in candidates if cluster.inflight[d.index] < share]
+    # least loaded first (the heap orders by load, then index): the cheap test first, on every candidate
+    heap = [(inflight[i], i) for i in pool if inflight[i] < share and cluster.has_room(devices[i], 1)
+            and not cluster.decoding_older_tail(devices[i])]
     heapq.heapify(heap)
     while heap and cluster.admitted < newest_limit:
         _, index = heapq.heappop(heap)
@@ -166,7 +167,7 @@ class AsyncPolicy(Policy):
     def step_devices(self, cluster: Cluster) -> List:
         """The devices of the next train step, or none if it cannot start yet: every device serving
         train, once all are idle with the newest weights and nobody is on the way in or out."""
-        trainers = [d for d in cluster.devices if d.role is Role.TRAIN]
+        trainers = [cluster.devices[i] for i in sorted(cluster.serving_role(Role.TRAIN))]
         return trainers if self.ready_to_train(cluster, trainers) else []
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
