@@ -231,7 +231,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         """A borrowed device that has switched in joins the step in progress; between steps it waits for
         the next one only if that batch is ready, else it goes home."""
         if cluster.training is None:  # (home trainers join only a step in progress: only lent ones to look at)
-            idle = [cluster.devices[i] for i in sorted(cluster.idle_sets[Role.TRAIN] & cluster.serving[(Role.TRAIN, Role.ROLLOUT)])]
+            idle = [d for d in cluster.lent_to(Role.TRAIN) if d.idle]
         else:
             idle = cluster.idle(Role.TRAIN)
         for d in idle:
