@@ -440,23 +440,30 @@ def test_replanning_on_drifting_lengths_moves_devices_between_pools_and_keeps_ev
     assert [homes[d.index] for d in cluster.devices] == [d.home.value for d in cluster.devices]
 
 
-def test_the_devices_each_pool_holds_and_serves_are_kept_exact_through_leases_both_ways_and_rehomes(monkeypatch):
+def test_the_devices_each_pool_holds_and_serves_and_the_older_tails_are_kept_exact_through_leases_and_rehomes(
+        monkeypatch):
     from bidirl.sched.cluster import Cluster
+    from bidirl.sched.roles import DeviceState, Role
 
-    checked = []
+    checked, tails = [], []
     settle = Cluster.settle
 
     def settle_and_check(cluster):  # after every decision both drivers carry out
         settle(cluster)
         for (role, home), members in cluster.serving.items():
             assert members == {d.index for d in cluster.devices if d.role is role and d.home is home}
+        older = [d.index for d in cluster.devices if d.state is DeviceState.GENERATING and d.role is Role.ROLLOUT
+                 and d.home is Role.ROLLOUT and cluster.inflight[d.index] and d.after_work in ([], ["load"])
+                 and max(cluster.inflight_by_version[d.index]) < cluster.weights_next(d)]
+        assert cluster.older_tails() == older
         checked.append(cluster.now)
+        tails.extend(older)
 
     monkeypatch.setattr(Cluster, "settle", settle_and_check)
-    cfg = small("sim.workload=math-drift", "train.steps=12", "algorithm.staleness=0", "train.prompts_per_step=32")
+    cfg = small("sim.workload=math", "train.steps=12", "algorithm.staleness=1", "train.prompts_per_step=32")
     result = simulate(cfg, "bidirl", rollout_devices=2, keep_trace=True, replan=lambda mean: 2 if mean < 700 else 6,
                       replan_every=3)
-    assert checked and result.cluster.rehomes and set(result.leases) == {"rollout->train", "train->rollout"}
+    assert checked and tails and result.cluster.rehomes and set(result.leases) == {"rollout->train", "train->rollout"}
 
 
 def test_the_planner_replans_on_measured_lengths_for_both_drivers_and_colocated_policies_have_nothing_to_replan():

@@ -261,12 +261,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         that work ends, where generation cannot be interrupted for a load (the live runtime): the
         placement rule (``fill_rollout``) gives them no new groups until that tail ends, so each decodes
         a few sequences at a fraction of its capacity while admissible work waits."""
-        # (only generating devices at home in the rollout pool qualify: the cluster keeps both sets)
-        devices, inflight, by_version = cluster.devices, cluster.inflight, cluster.inflight_by_version
-        held = [i for i in cluster.generating & cluster.serving[(Role.ROLLOUT, Role.ROLLOUT)]
-                if inflight[i] and max(by_version[i]) < cluster.weights_next(devices[i])
-                and devices[i].after_work in ([], ["load"])]
-        return [devices[i] for i in sorted(held)]
+        return [cluster.devices[i] for i in cluster.older_tails()]  # (kept by the cluster as devices change)
 
     @staticmethod
     def any_admissible_next(cluster: Cluster) -> bool:

@@ -175,6 +175,10 @@ class Cluster:
         for d in self.devices:
             self._serving_key[d.index] = (d.role, d.home)
             self.serving[(d.role, d.home)].add(d.index)
+        # rollout-pool devices decoding only an older version's tail (``older_tails``), re-examined only
+        # for devices an action, a completion or a transition touched since the last question
+        self._tails: set = set()
+        self._tails_dirty: set = set(range(len(self.devices)))
         self.idle_causes: Dict[int, str] = {}  # idle device -> why it is idle (see idle_cause)
         self._settled = (None, None, None)
         self.staleness: Counter = Counter()  # staleness (in versions) -> groups trained
@@ -187,6 +191,7 @@ class Cluster:
         nothing is in flight -- groups generated but not trained before the checkpoint are regenerated.
         ``staleness``: the histogram trained so far, carried on."""
         assert not self.chunks and self.version == 0, "resume a cluster before it starts"
+        self._tails_dirty.update(range(len(self.devices)))
         self.version = self.published = version
         self.admitted = self.trained_groups = version * self.B
         for device in self.devices:
@@ -375,6 +380,7 @@ class Cluster:
         if handler is None:
             raise TypeError(f"the cluster bookkeeping has no rule for action {action!r}")
         handler(self, action)
+        self._touched(action)
 
     def _start_chunk(self, action: ev.Generate) -> None:
         device, groups = self.devices[action.device], action.groups
@@ -521,6 +527,34 @@ class Cluster:
         if handler is None:
             raise TypeError(f"the cluster bookkeeping has no rule for event {event!r}")
         handler(self, event)
+        self._touched(event)
+
+    def _touched(self, message) -> None:
+        """The devices an action or a completion names: their work in flight, weights or queue may have
+        changed (transitions mark theirs in ``_log``)."""
+        dirty = self._tails_dirty
+        for name in ("device", "source"):
+            index = getattr(message, name, None)
+            if index is not None:
+                dirty.add(index)
+        dirty.update(getattr(message, "devices", ()))
+        if isinstance(message, ev.TrainDone):
+            dirty.update(range(len(self.devices)))  # (rare: once a step) every trainer's version moved
+
+    def older_tails(self) -> List[int]:
+        """Rollout-pool devices (at home there, generating) decoding only groups older than the weights
+        they will generate with next (``weights_next``), in index order: the tails the placement rule
+        gives no new groups until they end."""
+        devices, inflight, by_version, tails = self.devices, self.inflight, self.inflight_by_version, self._tails
+        for i in self._tails_dirty:
+            d = devices[i]
+            if (d.state is S.GENERATING and d.role is Role.ROLLOUT and d.home is Role.ROLLOUT and inflight[i]
+                    and max(by_version[i]) < self.weights_next(d) and d.after_work in ([], ["load"])):
+                tails.add(i)
+            else:
+                tails.discard(i)
+        self._tails_dirty.clear()
+        return sorted(tails)
 
     def _started(self, event: ev.Started) -> None:
         pass  # nothing has happened yet
@@ -684,6 +718,7 @@ class Cluster:
 
     def _log(self, record: dict) -> None:
         index = record["device"]
+        self._tails_dirty.add(index)
         device = self.devices[index]
         key = (device.role, device.home)  # (a transition flips the role; a rehome changes the home before it)
         if key != self._serving_key[index]:
