@@ -104,8 +104,7 @@ class VerlDynamicPolicy(AsyncPolicy):
         if not self.migrating(cluster) or self.lease_over(cluster):
             return  # (a lent trainer whose lease is over goes home instead of taking more)
         takers = self.lent_to_rollout(cluster)
-        pool = [d for d in (cluster.devices[i] for i in sorted(cluster.serving[(Role.ROLLOUT, Role.ROLLOUT)]))
-                if d.state is DeviceState.GENERATING and not d.after_work]
+        pool = [d for d in cluster.at_home(Role.ROLLOUT) if d.state is DeviceState.GENERATING and not d.after_work]
         if not takers or not pool:
             return
         load = {d.index: cluster.inflight[d.index] for d in pool + takers}
@@ -184,7 +183,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         """Home trainers (idle, current; those away on a lease join when back, the primary never is)
         plus borrowed devices already in; devices still switching in join the step later instead of
         delaying it."""
-        home = [cluster.devices[i] for i in sorted(cluster.serving[(Role.TRAIN, Role.TRAIN)])]  # (not lent)
+        home = cluster.at_home(Role.TRAIN)
         if cluster.devices[cluster.primary].lent or \
                 not all(d.role is Role.TRAIN and d.idle and d.version == cluster.version for d in home):
             return []

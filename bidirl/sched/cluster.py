@@ -171,9 +171,7 @@ class Cluster:
         # devices a pool holds -- questions every decision asks, answered at the cost of the answer
         # rather than of the cluster's size (a 1,024-device simulation asks them on every event)
         self.serving: Dict[Tuple[Role, Role], set] = {(role, home): set() for role in Role for home in Role}
-        self._serving_key: Dict[int, Tuple[Role, Role]] = {}
         for d in self.devices:
-            self._serving_key[d.index] = (d.role, d.home)
             self.serving[(d.role, d.home)].add(d.index)
         # rollout-pool devices decoding only an older version's tail (``older_tails``), re-examined only
         # for devices an action, a completion or a transition touched since the last question
@@ -216,6 +214,10 @@ class Cluster:
     def lent_to(self, role: Role) -> List[Device]:
         """Devices lent away from their home pool to serve ``role``, in index order."""
         return [self.devices[i] for i in sorted(self.serving[(role, role.other())])]
+
+    def at_home(self, role: Role) -> List[Device]:
+        """Devices serving ``role`` in their own home pool (not lent), in index order."""
+        return [self.devices[i] for i in sorted(self.serving[(role, role)])]
 
     @property
     def finished(self) -> bool:
@@ -530,16 +532,13 @@ class Cluster:
         self._touched(event)
 
     def _touched(self, message) -> None:
-        """The devices an action or a completion names: their work in flight, weights or queue may have
-        changed (transitions mark theirs in ``_log``)."""
-        dirty = self._tails_dirty
+        """The devices an action or a completion names: their work in flight or queue may have changed
+        without a transition (a group done mid-chunk, groups moved, a load queued). Every other change
+        of what ``older_tails`` reads comes with a transition, which ``_log`` marks."""
         for name in ("device", "source"):
             index = getattr(message, name, None)
             if index is not None:
-                dirty.add(index)
-        dirty.update(getattr(message, "devices", ()))
-        if isinstance(message, ev.TrainDone):
-            dirty.update(range(len(self.devices)))  # (rare: once a step) every trainer's version moved
+                self._tails_dirty.add(index)
 
     def older_tails(self) -> List[int]:
         """Rollout-pool devices (at home there, generating) decoding only groups older than the weights
@@ -720,11 +719,10 @@ class Cluster:
         index = record["device"]
         self._tails_dirty.add(index)
         device = self.devices[index]
-        key = (device.role, device.home)  # (a transition flips the role; a rehome changes the home before it)
-        if key != self._serving_key[index]:
-            self.serving[self._serving_key[index]].discard(index)
-            self.serving[key].add(index)
-            self._serving_key[index] = key
+        for members in self.serving.values():
+            members.discard(index)
+        # (a transition flips the role; a rehome changes the home before it)
+        self.serving[(device.role, device.home)].add(index)
         self.idle_sets[Role.ROLLOUT].discard(index)
         self.idle_sets[Role.TRAIN].discard(index)
         self.generating.discard(index)
