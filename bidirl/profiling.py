@@ -16,6 +16,9 @@ sampling settings (one thread, as each live device worker runs):
   forward-only log-prob pass over the same parts (what recomputing old or reference log-probs costs).
   A live step trains only those groups -- ~10% of a cpu-long batch -- and a line fitted on whole
   batches left its intercept to decide the prediction there (off 2-4x both ways);
+* warm-up: a fresh rollout engine's first call (a token or two) and a fresh trainer's first step (one
+  micro-batch), each against the same call warm -- what a live device's first chunk and first
+  micro-batch of a run cost beyond their steady speed (:func:`first_call`);
 * what each request costs beyond its prefill and decode steps (the decode fit is a difference of two
   timings, so per-call and per-request costs cancel out of it): the run's first chunk generated,
   scored and encoded for the controller as a live device does it, against the fits' time for the same
@@ -64,6 +67,19 @@ def median_time(work: Callable[[], Any], repeats: int = REPEATS) -> float:
         work()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+WARMUP_SAMPLING = SamplingParams(n=1, max_new_tokens=2, temperature=1.0, ignore_eos=True)  # a token or two
+
+
+def first_call(work: Callable[[], Any]) -> "tuple[float, float]":
+    """(seconds, warm seconds) of a fresh engine's first call and of the same call after it (median of
+    ``REPEATS``). An engine's first call pays a one-time warm-up (about 2 s for the CPU rollout engine,
+    measured the same after a one-token call as after a whole chunk: it is not per batch shape), which
+    a live device pays on its first chunk or micro-batch of a run."""
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start, median_time(work)
 
 
 class PartClock:
@@ -135,7 +151,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     parts = PartClock()  # where the profile's own time goes (profile.json's meta)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a live device worker runs
-    problems, sampling = load_problems(cfg.data, "train"), sampling_of(cfg)
+    problems = load_problems(cfg.data, "train")
     groups = min(len(problems), batch_groups(cfg))
     # the other device of this host (co-running factors, below) builds its engines while this process
     # builds its own: nothing is timed before both are ready, and it idles through every timing until then
@@ -148,10 +164,10 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         trainer = build_train_engine(cfg, model.path)
         prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
         G = cfg.rollout.group_size
-        rollout.generate([prompt(p) for p in problems[:4]], sampling)  # warm-up (first calls are slower)
         if neighbour is not None:
             neighbour.wait_ready()
         parts.lap("engines")
+        warmup = {"rollout": first_call(lambda: rollout.generate([prompt(problems[0])], WARMUP_SAMPLING))}
         advance()
 
         # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps. Lengths
@@ -206,6 +222,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
 
         # training: one optimizer step on increasing parts of the batch, and a forward-only log-prob pass,
         # spanning what a step trains (its informative samples) from half to twice as many
+        first = samples[: min(len(samples), cfg.train.micro_batch_size)]  # one live micro-batch
+        warmup["train"] = first_call(lambda: trainer.step(first))
         train_points, logprob_points = [], []
         for size in training_sizes(len(samples), workload["informative"]):
             part = samples[:size]
@@ -273,7 +291,9 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         switch={"to_rollout_s": load_s, "to_train_s": to_train_s}, capacity=capacity, workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
               "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": parts.seconds},
-        logprob=logprob, co_running=co_running, requests=requests)
+        logprob=logprob, co_running=co_running, requests=requests,
+        warmup={**{f"{stage}_s": max(0.0, cold - warm) for stage, (cold, warm) in warmup.items()},
+                "timings": {stage: {"first_s": cold, "warm_s": warm} for stage, (cold, warm) in warmup.items()}})
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "profile.json.tmp"
     tmp.write_text(profile.to_json())
@@ -480,7 +500,9 @@ def summary_line(profile: Profile) -> str:
             f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "
             f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens"
             + (f"; {1000 * profile.requests['per_request_s']:.2f} ms per request beyond decode and prefill"
-               if profile.requests else "") + beside
+               if profile.requests else "")
+            + (f"; first use warm-up: rollout {profile.warmup['rollout_s']:.2f} s, train {profile.warmup['train_s']:.2f} s"
+               if profile.warmup else "") + beside
             + took(profile.meta.get("seconds") or {}))
 
 

@@ -71,7 +71,8 @@ def test_the_measured_workload_knows_which_share_of_samples_grpo_trains(tmp_path
 def test_a_profile_round_trips_through_its_schema(tmp_path):
     for profile in (synthetic_profile(), synthetic_profile(logprob=Fit({"fixed_s": 0.01, "per_token_s": 5e-5}, 0.04)),
                     synthetic_profile(co_running={"decode": 1.05, "train": 1.2, "train_step_s": 1.3}),
-                    synthetic_profile(requests={"per_request_s": 2e-3, "points": [{"sequences": 64}]})):
+                    synthetic_profile(requests={"per_request_s": 2e-3, "points": [{"sequences": 64}]}),
+                    synthetic_profile(warmup={"rollout_s": 2.0, "train_s": 0.1, "timings": {}})):
         (tmp_path / "profile.json").write_text(profile.to_json())
         assert load_profile(tmp_path / "profile.json") == profile
 
@@ -127,6 +128,18 @@ def test_each_request_costs_its_measured_overhead_beyond_prefill_and_decode():
     assert synthetic_profile().model().request_overhead_seconds() == 0.0  # older profiles did not measure it
 
 
+def test_a_profiled_warm_up_delays_each_devices_first_chunk_in_the_simulator(tmp_path):
+    first_chunk = {}
+    for name, warmup in (("steady", None), ("warming", {"rollout_s": 5.0, "train_s": 0.5})):
+        (tmp_path / f"{name}.json").write_text(synthetic_profile(warmup=warmup).to_json())
+        cfg = small(f"sim.profile={tmp_path / name}.json", "cluster.devices=2", "launch.chunk_groups=8",
+                    "train.prompts_per_step=16", "algorithm.staleness=1")
+        result = simulate(cfg, "async", rollout_devices=1, keep_trace=True, driver=cfg.live_driver())
+        first_chunk[name] = next(r["t"] for r in result.cluster.trace if r["reason"] == "chunk 0 done")
+    assert first_chunk["warming"] == pytest.approx(first_chunk["steady"] + 5.0)
+    assert synthetic_profile().model().warmup_seconds("rollout") == 0.0  # older profiles did not measure it
+
+
 def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_runs(tmp_path):
     steps = {}
     long_answers = {"prompt_tokens": 9, "mean_tokens": 60.0, "cap": 120, "prompt_sigma": 0.3, "sample_sigma": 0.2}
@@ -150,6 +163,8 @@ def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_r
     (lambda d: {**d, "co_running": {"decode": 1.1}}, "missing key 'train'"),
     (lambda d: {**d, "co_running": {"decode": 0, "train": 1.2}}, "key 'co_running.decode' must be a slowdown factor"),
     (lambda d: {**d, "requests": {"per_request_s": -1}}, "key 'requests.per_request_s' must be a finite number >= 0"),
+    (lambda d: {**d, "warmup": {"rollout_s": 2.0}}, "missing key 'train_s'"),
+    (lambda d: {**d, "warmup": {"rollout_s": -2.0, "train_s": 0}}, "key 'warmup.rollout_s' must be a finite number >= 0"),
 ])
 def test_a_corrupt_profile_is_one_line_naming_the_file_and_the_key(tmp_path, damage, message):
     data = json.loads(synthetic_profile().to_json())
@@ -397,6 +412,9 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
                                              "weights"]
     # a chunk generated as a live device does it, against the fits: each request's cost beyond them
     assert len(profile.requests["points"]) == 3 and profile.requests["per_request_s"] >= 0
+    # a fresh engine's first call, against the same call warm: what a live device's first chunk pays
+    assert profile.warmup["rollout_s"] > 0 and profile.warmup["train_s"] >= 0
+    assert profile.warmup["timings"]["rollout"]["first_s"] > profile.warmup["timings"]["rollout"]["warm_s"]
     assert all(s >= 0 for s in profile.meta["seconds"].values()) and "measured in" in result.stderr
     cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
                                                   f"sim.profile={run / 'profile.json'}"])

@@ -210,6 +210,20 @@ def test_idle_rollout_devices_blocked_by_staleness_and_trainers_waiting_for_a_ta
     assert ("rollout", "admission") in causes and ("train", "tail") in causes
 
 
+def test_each_device_pays_its_engines_warm_up_once_on_its_first_chunk_and_its_first_train_work():
+    def run(warmup_s):
+        return simulate("async", eta=0, steps=3, costs=FixedCosts(generate_per_group=0.1, train_step=1.6,
+                                                                   warmup_s=warmup_s))
+
+    steady, warming = run((0.0, 0.0)), run((2.0, 1.0))
+    chunks = [[r["t"] for r in cluster.trace if r["device"] == 0 and r["reason"].endswith(" done")]
+              for cluster in (steady, warming)]
+    assert chunks[1][0] == pytest.approx(chunks[0][0] + 2.0)  # the rollout device's first chunk only
+    assert chunks[1][1] - chunks[1][0] == pytest.approx(chunks[0][1] - chunks[0][0])
+    # at eta 0 the stages take turns, so the run is longer by exactly both warm-ups, paid once each
+    assert warming.now == pytest.approx(steady.now + 3.0)
+
+
 def test_sync_policy_is_on_policy_and_switches_every_device_twice_per_step():
     cluster = simulate("sync", devices=2, eta=0, steps=3)
     assert set(cluster.staleness) == {0}

@@ -160,6 +160,11 @@ class PerfModel:
     def load_seconds(self) -> float:
         return self.load_s
 
+    def warmup_seconds(self, stage: str) -> float:
+        # a GPU engine warms up (CUDA graph capture, allocator) while it starts, before a run's clock,
+        # and the published figures it is calibrated on are steady-state throughputs
+        return 0.0
+
     def memory_bytes(self, longest_sequence: int = 0) -> Dict[str, float]:
         """Bytes a device may hold: bf16 weights (a rollout engine), the whole training state (bf16 weights
         and gradients, fp32 master weights and two AdamW moments: 16 bytes per parameter, to be sharded

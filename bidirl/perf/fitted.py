@@ -13,6 +13,8 @@
     workload  the task's own response lengths under the pipeline's sampling settings (optional)
     co_running  how much slower decode and training run beside the other stage on the same host
               (optional; measured where the devices share one machine, e.g. CPU processes)
+    warmup    what a fresh engine's first chunk and a fresh trainer's first micro-batch take beyond the
+              same work warm (optional): charged once per device, on its first use of the stage
 
 Where ``co_running`` is present, training and log-prob times are charged at the speed measured beside
 a decoding device (a trainer hardly ever runs alone: rollout devices decode whenever they are not
@@ -38,6 +40,7 @@ from bidirl.perf.workload import Workload
 SCHEMA = "bidirl.profile/1"
 WEIGHT_KEYS = ("load_s", "publish_s", "bytes")  # a profile's ``weights`` block
 SWITCH_KEYS = ("to_rollout_s", "to_train_s")  # and its ``switch`` block
+WARMUP_KEYS = ("rollout_s", "train_s")  # and its optional ``warmup`` block
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Profile:
     logprob: Optional[Fit] = None  # fixed_s, per_token_s (forward-only); absent in older profiles
     co_running: Optional[Dict[str, float]] = None  # decode, train: slowdown factors beside the other stage
     requests: Optional[Dict[str, Any]] = None  # per_request_s, and the chunks it was measured on
+    warmup: Optional[Dict[str, Any]] = None  # rollout_s, train_s, and the timings they come from
 
     def model(self, recompute_logprob: bool = False) -> "FittedModel":
         return FittedModel(self)
@@ -99,6 +103,9 @@ class FittedModel:
 
     def request_overhead_seconds(self) -> float:
         return (self.profile.requests or {}).get("per_request_s", 0.0)  # (older profiles: not measured)
+
+    def warmup_seconds(self, stage: str) -> float:
+        return (self.profile.warmup or {}).get(f"{stage}_s", 0.0)  # (older profiles: not measured)
 
     def decode_slowdown_beside_training(self) -> float:
         return self.decode_factor
@@ -253,12 +260,15 @@ def load_profile(path: str | Path) -> Profile:
         requests = None
         if data.get("requests") is not None:  # optional: older profiles did not measure it
             requests = {**data["requests"], **_numbers(data, "requests", ("per_request_s",))}
+        warmup = None
+        if data.get("warmup") is not None:  # optional: older profiles did not measure it
+            warmup = {**data["warmup"], **_numbers(data, "warmup", WARMUP_KEYS)}
     except KeyError as exc:
         raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
     except _Bad as exc:
         raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
     return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
-                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running, requests)
+                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running, requests, warmup)
 
 
 class _Bad(Exception):

@@ -42,6 +42,9 @@ class InstanceModel:
     def request_overhead_seconds(self) -> float:
         return self.perf.request_overhead_seconds()
 
+    def warmup_seconds(self, stage: str) -> float:
+        return self.perf.warmup_seconds(stage)
+
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         return self.perf.max_concurrency(context, instance_devices * self.k)
 

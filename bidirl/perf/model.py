@@ -29,6 +29,11 @@ class PerformanceModel(Protocol):
         """Sequences of that context the instance's KV cache holds at once."""
         ...
 
+    def warmup_seconds(self, stage: str) -> float:
+        """Seconds a device's first use of ``stage`` ("rollout" or "train") takes beyond the same work
+        warm: a fresh engine's first call (allocations, kernel selection) -- charged once per device."""
+        ...
+
     def decode_slowdown_beside_training(self) -> float:
         """How much slower decoding runs while another device of the same host trains (1.0 where devices
         do not share a host's memory bandwidth and caches, as GPUs do not)."""

@@ -28,7 +28,8 @@ with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.ins
 share the decode batch, a weight load pauses decoding instead of waiting for a chunk to end, and each
 prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends. Where the
 performance model says devices share a host (CPU processes), every instance not in the train step
-decodes slower for exactly as long as the step runs.
+decodes slower for exactly as long as the step runs. A device's first chunk and first train work of
+the run also take the cost model's warm-up (a fresh engine's first call, measured by the profile), once.
 Deterministic: ties break by sequence number, and cost models draw from their own seeded RNG.
 """
 
@@ -61,6 +62,8 @@ class CostModel(Protocol):
 
     def adopt(self, device: int) -> float: ...
 
+    def warmup(self, device: int, stage: str) -> float: ...  # extra seconds of a device's first use of a stage
+
 
 @dataclass
 class FixedCosts:
@@ -72,6 +75,16 @@ class FixedCosts:
     switch_s: float = 0.01
     gradient_return_s: float = 0.0  # per lent device, serialised at the primary
     samples_per_group: int = 4  # (what a pulled step cuts into micro-batches)
+    warmup_s: Tuple[float, float] = (0.0, 0.0)  # (rollout, train): a device's first chunk / train work
+
+    def __post_init__(self) -> None:
+        self.warmed: set = set()
+
+    def warmup(self, device: int, stage: str) -> float:
+        if (device, stage) in self.warmed:
+            return 0.0
+        self.warmed.add((device, stage))
+        return self.warmup_s[0] if stage == "rollout" else self.warmup_s[1]
 
     def generate(self, chunk: Chunk) -> float:
         return self.generate_per_group * chunk.groups
@@ -313,9 +326,12 @@ class Simulator:
 
     def _generate(self, action: ev.Generate, now: float) -> None:
         chunk = self.cluster.start_chunk(action)
+        warmup = self.costs.warmup(action.device, "rollout")  # (a device's first chunk of the run)
         if self.instances is None:
-            self.push(now + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
+            self.push(now + warmup + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
         else:
+            if warmup:
+                self.instances[action.device].pause(now, warmup)
             self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk), self.costs.G)
             self.dirty.add(action.device)
 
@@ -329,12 +345,13 @@ class Simulator:
             self.step = PulledStep(0.0, 0, len(action.devices), now, epoch)
             self.slots = {device: slot for slot, device in enumerate(action.devices)}
             for device in action.devices:
-                stall = self.stall_of(device)
+                stall = self.stall_of(device) + self.costs.warmup(device, "train")
                 if stall:
                     self.step.stalls[self.slots[device]] = stall
             self.step.add(now, self.micro_batches(parts, len(action.devices), whole=not cluster.streaming), epoch)
-        else:
-            self.step = StepProgress(self.costs.train_work(parts), len(action.devices), now, epoch)
+        else:  # (work shared continuously: a device's warm-up is work the step's devices share)
+            warmup = sum(self.costs.warmup(device, "train") for device in action.devices)
+            self.step = StepProgress(self.costs.train_work(parts) + warmup, len(action.devices), now, epoch)
         self.retime_step()
         self.beside_training(now, action.devices)
 
@@ -387,11 +404,14 @@ class Simulator:
         if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
             self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
             self.rejoin_counted = now
+        warmup = self.costs.warmup(action.device, "train")
         if self.pull_samples:
             self.slots[action.device] = self.step.devices
-            self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device))
+            self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device) + warmup)
         else:
             self.step.join(now, next(self.step_epochs))
+            if warmup:
+                self.step.add(now, warmup, self.step.epoch)
         self.retime_step()
         self.beside_training(now, self.cluster.training_devices)
 
