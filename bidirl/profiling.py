@@ -19,6 +19,9 @@ sampling settings (one thread, as each live device worker runs):
 * warm-up: a fresh rollout engine's first call (a token or two) and a fresh trainer's first step (one
   micro-batch), each against the same call warm -- what a live device's first chunk and first
   micro-batch of a run cost beyond their steady speed (:func:`first_call`);
+* what a live train step costs beyond its gradient passes and optimizer step: each pulled
+  micro-batch's round trip through a real c10d store, and the finish's own work (the log-prob probe,
+  the gradient gather and put-back, the checksum), through the live worker's code (:func:`step_overhead`);
 * what each request costs beyond its prefill and decode steps (the decode fit is a difference of two
   timings, so per-call and per-request costs cancel out of it): the run's first chunk generated,
   scored and encoded for the controller as a live device does it, against the fits' time for the same
@@ -233,6 +236,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             advance()
         train = fit_line(train_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
         logprob = fit_line(logprob_points, "tokens", "seconds", ("fixed_s", "per_token_s"))
+        overhead = step_overhead(cfg, trainer, samples)
         parts.lap("train")
 
         # what a request costs beyond its prefill and decode steps (those fits are differences of timings,
@@ -291,7 +295,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         switch={"to_rollout_s": load_s, "to_train_s": to_train_s}, capacity=capacity, workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
               "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": parts.seconds},
-        logprob=logprob, co_running=co_running, requests=requests,
+        logprob=logprob, co_running=co_running, requests=requests, step_overhead=overhead,
         warmup={**{f"{stage}_s": max(0.0, cold - warm) for stage, (cold, warm) in warmup.items()},
                 "timings": {stage: {"first_s": cold, "warm_s": warm} for stage, (cold, warm) in warmup.items()}})
     out.mkdir(parents=True, exist_ok=True)
@@ -322,6 +326,50 @@ def request_overhead(cfg: PipelineConfig, rollout: Any, problems: list, fits: Pr
         points.append({"sequences": len(samples), "measured_s": measured, "modelled_s": modelled})
     per_request = statistics.median((p["measured_s"] - p["modelled_s"]) / p["sequences"] for p in points)
     return {"per_request_s": max(0.0, per_request), "points": points}
+
+
+def step_overhead(cfg: PipelineConfig, trainer: Any, samples: List[Sample]) -> Dict[str, Any]:
+    """What a live train step costs beyond its gradient passes and optimizer step (what the train fit
+    times), through the live runtime's own code: each pulled micro-batch's round trip -- the command
+    with its samples to the device and the reply back, over a real c10d store as the
+    :class:`~bidirl.runtime.mailbox.Mailbox` carries them -- and the finish's own work: the log-prob
+    probe, the gradients gathered into one flat buffer and put back, the weights' checksum, and the
+    finish command's round trip. (The reduction between devices is the model's all-reduce term.)"""
+    import torch
+    from torch.distributed import TCPStore
+
+    from bidirl.runtime import protocol as msg
+    from bidirl.runtime.batches import PROBE_SAMPLES
+    from bidirl.runtime.mailbox import Mailbox
+    from bidirl.runtime.worker import flat_gradients, mean_logprob_gap, set_gradients, weights_checksum
+
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # (a free port)
+    controller, device = Mailbox(host), Mailbox(TCPStore("127.0.0.1", host.port, is_master=False))
+    part = tuple(samples[: cfg.train.micro_batch_size])
+    tokens = sum(len(s.completion_ids) for s in part)
+
+    def round_trip(command: Any, reply: Any) -> None:
+        controller.send(0, command)
+        device.next_command(0)
+        device.post(reply)
+        controller.next_event()
+
+    per_micro_batch = median_time(lambda: round_trip(msg.ComputeGrads(step=0, samples=part, total_tokens=tokens,
+                                                                      total_sequences=len(part)),
+                                                     msg.GradsComputed(step=0, compute_s=0.0)), REPEATS)
+    params, probe = trainer.parameters(), [s for s in samples[:PROBE_SAMPLES] if s.completion_ids]
+    trainer.compute_grads(list(part))
+
+    def finish() -> None:
+        round_trip(msg.FinishStep(step=0, members=(0,), probe=tuple(probe)), msg.StepDone(version=1, reduce_s=0.0))
+        if probe:
+            mean_logprob_gap(trainer, probe)
+        set_gradients(params, flat_gradients(torch, params))
+        weights_checksum(torch, params)
+
+    finish_s = median_time(finish, REPEATS)
+    trainer.zero_grads()
+    return {"per_micro_batch_s": per_micro_batch, "finish_s": finish_s, "micro_batch_samples": len(part)}
 
 
 def training_sizes(batch: int, informative: float) -> List[int]:
@@ -501,6 +549,9 @@ def summary_line(profile: Profile) -> str:
             f"load {1000 * profile.weights['load_s']:.1f} ms; responses mean {w.get('mean_tokens', 0):.1f} tokens"
             + (f"; {1000 * profile.requests['per_request_s']:.2f} ms per request beyond decode and prefill"
                if profile.requests else "")
+            + (f"; per micro-batch {1000 * profile.step_overhead['per_micro_batch_s']:.1f} ms, per step "
+               f"{1000 * profile.step_overhead['finish_s']:.1f} ms beyond the gradient passes"
+               if profile.step_overhead else "")
             + (f"; first use warm-up: rollout {profile.warmup['rollout_s']:.2f} s, train {profile.warmup['train_s']:.2f} s"
                if profile.warmup else "") + beside
             + took(profile.meta.get("seconds") or {}))

@@ -72,7 +72,8 @@ def test_a_profile_round_trips_through_its_schema(tmp_path):
     for profile in (synthetic_profile(), synthetic_profile(logprob=Fit({"fixed_s": 0.01, "per_token_s": 5e-5}, 0.04)),
                     synthetic_profile(co_running={"decode": 1.05, "train": 1.2, "train_step_s": 1.3}),
                     synthetic_profile(requests={"per_request_s": 2e-3, "points": [{"sequences": 64}]}),
-                    synthetic_profile(warmup={"rollout_s": 2.0, "train_s": 0.1, "timings": {}})):
+                    synthetic_profile(warmup={"rollout_s": 2.0, "train_s": 0.1, "timings": {}}),
+                    synthetic_profile(step_overhead={"per_micro_batch_s": 4e-3, "finish_s": 0.03})):
         (tmp_path / "profile.json").write_text(profile.to_json())
         assert load_profile(tmp_path / "profile.json") == profile
 
@@ -164,6 +165,8 @@ def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_r
     (lambda d: {**d, "co_running": {"decode": 0, "train": 1.2}}, "key 'co_running.decode' must be a slowdown factor"),
     (lambda d: {**d, "requests": {"per_request_s": -1}}, "key 'requests.per_request_s' must be a finite number >= 0"),
     (lambda d: {**d, "warmup": {"rollout_s": 2.0}}, "missing key 'train_s'"),
+    (lambda d: {**d, "step_overhead": {"per_micro_batch_s": 0.004, "finish_s": "slow"}},
+     "key 'step_overhead.finish_s' must be a finite number >= 0"),
     (lambda d: {**d, "warmup": {"rollout_s": -2.0, "train_s": 0}}, "key 'warmup.rollout_s' must be a finite number >= 0"),
 ])
 def test_a_corrupt_profile_is_one_line_naming_the_file_and_the_key(tmp_path, damage, message):
@@ -415,6 +418,8 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     # a fresh engine's first call, against the same call warm: what a live device's first chunk pays
     assert profile.warmup["rollout_s"] > 0 and profile.warmup["train_s"] >= 0
     assert profile.warmup["timings"]["rollout"]["first_s"] > profile.warmup["timings"]["rollout"]["warm_s"]
+    # a live step's work beyond its gradient passes, through the runtime's own mailbox and finish code
+    assert profile.step_overhead["per_micro_batch_s"] > 0 and profile.step_overhead["finish_s"] > 0
     assert all(s >= 0 for s in profile.meta["seconds"].values()) and "measured in" in result.stderr
     cfg = load_config("pipelines/cpu-tiny.yaml", [*TINY, "cluster.devices=2", "launch.mode=async", "train.steps=4",
                                                   f"sim.profile={run / 'profile.json'}"])

@@ -224,6 +224,17 @@ def test_each_device_pays_its_engines_warm_up_once_on_its_first_chunk_and_its_fi
     assert warming.now == pytest.approx(steady.now + 3.0)
 
 
+def test_a_pulled_step_pays_each_micro_batchs_round_trip_and_its_finish_beyond_the_gradient_work():
+    policy = build_policy("async")
+    cluster = Cluster(policy.homes(2, 1), batch_groups=8, eta=0, steps=2, chunk_groups=8)
+    costs = FixedCosts(generate_per_group=0.1, train_step=4.0,  # 32 samples: 4 micro-batches of 8, 1 s each
+                       micro_batch_overhead_s=0.1, step_overhead_s=0.5)
+    Simulator(cluster, policy, costs, pull_samples=8).run()
+    start = next(r["t"] for r in cluster.trace if r["device"] == 1 and r["to"] == "training")
+    done = next(r["t"] for r in cluster.trace if r["device"] == 1 and r["reason"] == "step -> v1")
+    assert done - start == pytest.approx(4 * (1.0 + 0.1) + 0.5)
+
+
 def test_sync_policy_is_on_policy_and_switches_every_device_twice_per_step():
     cluster = simulate("sync", devices=2, eta=0, steps=3)
     assert set(cluster.staleness) == {0}

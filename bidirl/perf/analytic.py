@@ -165,6 +165,14 @@ class PerfModel:
         # and the published figures it is calibrated on are steady-state throughputs
         return 0.0
 
+    def micro_batch_overhead_seconds(self) -> float:
+        # a micro-batch's command and reply are small control messages beside a GPU's seconds of work,
+        # and the published step times it is calibrated on include them
+        return 0.0
+
+    def step_overhead_seconds(self) -> float:
+        return 0.0
+
     def memory_bytes(self, longest_sequence: int = 0) -> Dict[str, float]:
         """Bytes a device may hold: bf16 weights (a rollout engine), the whole training state (bf16 weights
         and gradients, fp32 master weights and two AdamW moments: 16 bytes per parameter, to be sharded

@@ -13,6 +13,8 @@
     workload  the task's own response lengths under the pipeline's sampling settings (optional)
     co_running  how much slower decode and training run beside the other stage on the same host
               (optional; measured where the devices share one machine, e.g. CPU processes)
+    step_overhead  a live train step's cost beyond its gradient passes and optimizer step (optional):
+              per pulled micro-batch (its round trip to the device) and per step (the finish's own work)
     warmup    what a fresh engine's first chunk and a fresh trainer's first micro-batch take beyond the
               same work warm (optional): charged once per device, on its first use of the stage
 
@@ -41,6 +43,7 @@ SCHEMA = "bidirl.profile/1"
 WEIGHT_KEYS = ("load_s", "publish_s", "bytes")  # a profile's ``weights`` block
 SWITCH_KEYS = ("to_rollout_s", "to_train_s")  # and its ``switch`` block
 WARMUP_KEYS = ("rollout_s", "train_s")  # and its optional ``warmup`` block
+OVERHEAD_KEYS = ("per_micro_batch_s", "finish_s")  # and its optional ``step_overhead`` block
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Profile:
     co_running: Optional[Dict[str, float]] = None  # decode, train: slowdown factors beside the other stage
     requests: Optional[Dict[str, Any]] = None  # per_request_s, and the chunks it was measured on
     warmup: Optional[Dict[str, Any]] = None  # rollout_s, train_s, and the timings they come from
+    step_overhead: Optional[Dict[str, Any]] = None  # per_micro_batch_s, finish_s
 
     def model(self, recompute_logprob: bool = False) -> "FittedModel":
         return FittedModel(self)
@@ -106,6 +110,12 @@ class FittedModel:
 
     def warmup_seconds(self, stage: str) -> float:
         return (self.profile.warmup or {}).get(f"{stage}_s", 0.0)  # (older profiles: not measured)
+
+    def micro_batch_overhead_seconds(self) -> float:
+        return (self.profile.step_overhead or {}).get("per_micro_batch_s", 0.0)
+
+    def step_overhead_seconds(self) -> float:
+        return (self.profile.step_overhead or {}).get("finish_s", 0.0)
 
     def decode_slowdown_beside_training(self) -> float:
         return self.decode_factor
@@ -263,12 +273,16 @@ def load_profile(path: str | Path) -> Profile:
         warmup = None
         if data.get("warmup") is not None:  # optional: older profiles did not measure it
             warmup = {**data["warmup"], **_numbers(data, "warmup", WARMUP_KEYS)}
+        step_overhead = None
+        if data.get("step_overhead") is not None:  # optional: older profiles did not measure it
+            step_overhead = {**data["step_overhead"], **_numbers(data, "step_overhead", OVERHEAD_KEYS)}
     except KeyError as exc:
         raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
     except _Bad as exc:
         raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
     return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
-                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running, requests, warmup)
+                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running, requests, warmup,
+                   step_overhead)
 
 
 class _Bad(Exception):

@@ -45,6 +45,12 @@ class InstanceModel:
     def warmup_seconds(self, stage: str) -> float:
         return self.perf.warmup_seconds(stage)
 
+    def micro_batch_overhead_seconds(self) -> float:
+        return self.perf.micro_batch_overhead_seconds()
+
+    def step_overhead_seconds(self) -> float:
+        return self.perf.step_overhead_seconds()
+
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         return self.perf.max_concurrency(context, instance_devices * self.k)
 

@@ -46,6 +46,16 @@ class PerformanceModel(Protocol):
 
     def allreduce_seconds(self, devices: int) -> float: ...
 
+    def micro_batch_overhead_seconds(self) -> float:
+        """Seconds each pulled micro-batch costs its device beyond its gradient work (the round trip of
+        its command and reply)."""
+        ...
+
+    def step_overhead_seconds(self) -> float:
+        """Seconds a train step's finish costs beyond its all-reduce and optimizer step (checks, the
+        gradient gather, the finish command's round trip)."""
+        ...
+
     def gradient_return_seconds(self, devices: int) -> float:
         """``devices`` lent trainers' gradients sent to the primary, one after another."""
         ...

@@ -198,8 +198,7 @@ class Worker:
             stats = {key: value * command.grad_scale if key in SUMMED else value / max(1, step["samples"])
                      for key, value in step["sums"].items()}
             stats.update(self.logprob_gap(command.probe))  # the weights are still those trained from
-            grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                               for p in self.params])
+            grads = flat_gradients(torch, self.params)
             if command.grad_scale != 1.0:  # a streamed step: unnormalised sums until its batch was complete
                 grads.mul_(command.grad_scale)
             reduce_start = time.perf_counter()
@@ -208,16 +207,13 @@ class Worker:
             if self.state.home is not Role.TRAIN:  # a lent rollout device: gradients given, no optimizer to step
                 self.train.zero_grads()
                 return msg.StepDone(version=None, reduce_s=reduce_s)
-            offset = 0
-            for p in self.params:
-                p.grad = grads[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
+            set_gradients(self.params, grads)
             stats.update(self.train.apply_grads())
             self.state.version = self.train.version
             if command.snapshot:
                 self.save_snapshot(self.train.version)
         return msg.StepDone(version=self.train.version, reduce_s=reduce_s, stats=stats,
-                            checksum=self.weights_checksum())
+                            checksum=weights_checksum(self.torch, self.params))
 
     def publish(self, command: msg.PublishWeights) -> None:
         """Primary: a snapshot of the weights to the sender thread, which broadcasts it; return at once."""
@@ -388,11 +384,7 @@ class Worker:
         For samples generated with the weights being trained (staleness 0) it is zero up to numerics:
         a live check that weight syncs reach the rollout engines."""
         fresh: List[Sample] = [s for s in probe if s.version == self.train.version and s.completion_ids]
-        if not fresh:
-            return {}
-        recomputed = self.train.logprobs(fresh)
-        gaps = [abs(a - b) for s, lp in zip(fresh, recomputed) for a, b in zip(lp, s.logprobs)]
-        return {"fresh_logp_gap": sum(gaps) / len(gaps)}
+        return mean_logprob_gap(self.train, fresh) if fresh else {}
 
     # ---- helpers ------------------------------------------------------------------------------
     def load_rollout(self) -> float:
@@ -401,18 +393,40 @@ class Worker:
             return 0.0
         return self.rollout.update_weights(self.train.state_dict(), self.train.version)
 
-    def weights_checksum(self) -> "tuple[float, float]":
-        """(sum, sum of squares) of the weights, reduced in float64 parameter by parameter: no flattened
-        or widened copy of the model on every step."""
-        torch, f64 = self.torch, self.torch.float64
-        with torch.no_grad():
-            total = sum(float(torch.sum(p, dtype=f64)) for p in self.params)
-            squares = sum(float(torch.linalg.vector_norm(p, dtype=f64)) ** 2 for p in self.params)
-        return total, squares
-
     def save_snapshot(self, version: int) -> None:
         path = self.run_path / "snapshots" / f"v{version:05d}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         self.torch.save({k: v.detach().to("cpu", copy=True) for k, v in self.train.state_dict().items()}, tmp)
         tmp.replace(path)
+
+
+# ---- a step's finish, outside its gradient passes (also timed by ``bidirl profile``) ------------------
+def flat_gradients(torch: Any, params: List[Any]) -> Any:
+    """The parameters' gradients in one flat buffer (zeros where a parameter got none): what is reduced."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def set_gradients(params: List[Any], flat: Any) -> None:
+    """The reduced flat buffer back into each parameter's gradient, for the optimizer step."""
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def weights_checksum(torch: Any, params: List[Any]) -> "tuple[float, float]":
+    """(sum, sum of squares) of the weights, reduced in float64 parameter by parameter: no flattened
+    or widened copy of the model on every step."""
+    f64 = torch.float64
+    with torch.no_grad():
+        total = sum(float(torch.sum(p, dtype=f64)) for p in params)
+        squares = sum(float(torch.linalg.vector_norm(p, dtype=f64)) ** 2 for p in params)
+    return total, squares
+
+
+def mean_logprob_gap(train: Any, samples: List[Sample]) -> Dict[str, float]:
+    """Mean |trainer - behaviour| log-prob over the tokens of ``samples``, re-scored by ``train``."""
+    recomputed = train.logprobs(samples)
+    gaps = [abs(a - b) for s, lp in zip(samples, recomputed) for a, b in zip(lp, s.logprobs)]
+    return {"fresh_logp_gap": sum(gaps) / len(gaps)}

@@ -114,6 +114,12 @@ class CalibratedCosts:
     def allreduce(self, devices: int) -> float:
         return self.perf.allreduce_seconds(devices)
 
+    def micro_batch_overhead(self) -> float:
+        return self.perf.micro_batch_overhead_seconds()
+
+    def step_overhead(self) -> float:
+        return self.perf.step_overhead_seconds()
+
     def gradient_return(self, lent: int) -> float:
         """Lent devices (Trainer-on-RollPool) send their gradients to the primary, serialised there."""
         return self.perf.gradient_return_seconds(lent)

@@ -14,7 +14,8 @@
 A train step is timed as gradient work (device-seconds) shared by its devices, plus an all-reduce
 among the home trainers, plus the gradients of every lent device (Trainer-on-RollPool) returned to
 the primary one after another; a device that joins it (``Join``) takes a share of the work left and
-adds its gradient return, and the step's finish is re-timed. With ``pull_samples`` (the live
+adds its gradient return, and the step's finish is re-timed (its end adds the cost model's per-step
+overhead, and each pulled micro-batch its round trip). With ``pull_samples`` (the live
 runtime's micro-batch) the work comes in equal micro-batches that the step's devices pull one at a
 time (:class:`PulledStep`): a joiner takes only micro-batches nobody has started, and once the last
 one has started the step accepts no joiners (``Cluster.close_step``), as in the live controller.
@@ -52,6 +53,10 @@ class CostModel(Protocol):
 
     def allreduce(self, devices: int) -> float: ...
 
+    def micro_batch_overhead(self) -> float: ...  # seconds each pulled micro-batch adds (its round trip)
+
+    def step_overhead(self) -> float: ...  # seconds a step's finish adds beyond its all-reduce
+
     def gradient_return(self, lent: int) -> float: ...
 
     def sync(self, devices: Tuple[int, ...]) -> float: ...
@@ -76,6 +81,8 @@ class FixedCosts:
     gradient_return_s: float = 0.0  # per lent device, serialised at the primary
     samples_per_group: int = 4  # (what a pulled step cuts into micro-batches)
     warmup_s: Tuple[float, float] = (0.0, 0.0)  # (rollout, train): a device's first chunk / train work
+    micro_batch_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.warmed: set = set()
@@ -97,6 +104,12 @@ class FixedCosts:
 
     def allreduce(self, devices: int) -> float:
         return 0.0
+
+    def micro_batch_overhead(self) -> float:
+        return self.micro_batch_overhead_s
+
+    def step_overhead(self) -> float:
+        return self.step_overhead_s
 
     def gradient_return(self, lent: int) -> float:
         return lent * self.gradient_return_s
@@ -361,7 +374,7 @@ class Simulator:
         samples = math.ceil(self.costs.trained_samples(parts))
         work = self.costs.train_work(parts)
         items = pulled_items(samples, self.pull_samples, devices) if whole else max(1, -(-samples // self.pull_samples))
-        return [work / items] * items
+        return [work / items + self.costs.micro_batch_overhead()] * items  # (each one's round trip too)
 
     def feed_stream(self, now: float) -> None:
         """Groups that finished into the streamed step in progress become gradient work."""
@@ -425,9 +438,10 @@ class Simulator:
                 self.dirty.add(index)
 
     def step_communication(self, devices) -> float:
-        """All-reduce among the home trainers, then each lent device's gradients to the primary."""
+        """All-reduce among the home trainers, then each lent device's gradients to the primary, and the
+        finish's own work."""
         lent = sum(1 for d in devices if self.cluster.devices[d].lent)
-        return self.costs.allreduce(len(devices) - lent) + self.costs.gradient_return(lent)
+        return self.costs.allreduce(len(devices) - lent) + self.costs.gradient_return(lent) + self.costs.step_overhead()
 
     def _migrate(self, action: ev.Migrate, now: float) -> None:
         """The source's engine gives the groups' requests up; the target re-prefills and continues them."""
