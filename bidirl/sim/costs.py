@@ -60,8 +60,6 @@ class CalibratedCosts:
         self.switches = 0
         self.trained_lengths = ResponseLengths()  # what the re-planner reads
         self.drawn = DrawnGroups()  # (for the step bound)
-        self.warmed: set = set()  # (device, stage) that paid their engine's warm-up
-
 
     def make_instance(self) -> Instance:
         return make_instance(self.perf, self.workload)
@@ -69,11 +67,7 @@ class CalibratedCosts:
     def decode_slowdown_beside_training(self) -> float:
         return self.perf.decode_slowdown_beside_training()
 
-    def warmup(self, device: int, stage: str) -> float:
-        """The model's warm-up of ``stage`` on ``device``'s first use of it, then 0."""
-        if (device, stage) in self.warmed:
-            return 0.0
-        self.warmed.add((device, stage))
+    def warmup(self, stage: str) -> float:
         return self.perf.warmup_seconds(stage)
 
     def lengths(self, chunk: Chunk) -> List[int]:

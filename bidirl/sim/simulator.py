@@ -67,7 +67,7 @@ class CostModel(Protocol):
 
     def adopt(self, device: int) -> float: ...
 
-    def warmup(self, device: int, stage: str) -> float: ...  # extra seconds of a device's first use of a stage
+    def warmup(self, stage: str) -> float: ...  # extra seconds of a device's first use of a stage
 
 
 @dataclass
@@ -84,13 +84,7 @@ class FixedCosts:
     micro_batch_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
 
-    def __post_init__(self) -> None:
-        self.warmed: set = set()
-
-    def warmup(self, device: int, stage: str) -> float:
-        if (device, stage) in self.warmed:
-            return 0.0
-        self.warmed.add((device, stage))
+    def warmup(self, stage: str) -> float:
         return self.warmup_s[0] if stage == "rollout" else self.warmup_s[1]
 
     def generate(self, chunk: Chunk) -> float:
@@ -259,6 +253,7 @@ class Simulator:
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
         self.rejoin_counted = 0.0  # the step's wait for a home trainer back from a lease is counted up to here
+        self.warmed: set = set()  # (device, stage) that paid their engine's warm-up
         if cluster.allows_migration and self.instances is None:
             raise ValueError("moving requests in flight (Migrate) needs a cost model with continuous-batching instances")
 
@@ -339,7 +334,7 @@ class Simulator:
 
     def _generate(self, action: ev.Generate, now: float) -> None:
         chunk = self.cluster.start_chunk(action)
-        warmup = self.costs.warmup(action.device, "rollout")  # (a device's first chunk of the run)
+        warmup = self.warmup(action.device, "rollout")  # (a device's first chunk of the run)
         if self.instances is None:
             self.push(now + warmup + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
         else:
@@ -358,12 +353,12 @@ class Simulator:
             self.step = PulledStep(0.0, 0, len(action.devices), now, epoch)
             self.slots = {device: slot for slot, device in enumerate(action.devices)}
             for device in action.devices:
-                stall = self.stall_of(device) + self.costs.warmup(device, "train")
+                stall = self.stall_of(device) + self.warmup(device, "train")
                 if stall:
                     self.step.stalls[self.slots[device]] = stall
             self.step.add(now, self.micro_batches(parts, len(action.devices), whole=not cluster.streaming), epoch)
         else:  # (work shared continuously: a device's warm-up is work the step's devices share)
-            warmup = sum(self.costs.warmup(device, "train") for device in action.devices)
+            warmup = sum(self.warmup(device, "train") for device in action.devices)
             self.step = StepProgress(self.costs.train_work(parts) + warmup, len(action.devices), now, epoch)
         self.retime_step()
         self.beside_training(now, action.devices)
@@ -391,6 +386,13 @@ class Simulator:
             self.step.add(now, self.costs.train_work(parts), epoch)
         self.retime_step()
 
+    def warmup(self, device: int, stage: str) -> float:
+        """The cost model's warm-up of ``stage`` on ``device``'s first use of it in the run, then 0."""
+        if (device, stage) in self.warmed:
+            return 0.0
+        self.warmed.add((device, stage))
+        return self.costs.warmup(stage)
+
     def stall_of(self, device: int) -> float:
         """Seconds ``device`` hangs now (fault injection: once, as a borrowed device)."""
         return self.stalls.pop(device, 0.0) if self.cluster.devices[device].lent else 0.0
@@ -417,7 +419,7 @@ class Simulator:
         if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
             self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
             self.rejoin_counted = now
-        warmup = self.costs.warmup(action.device, "train")
+        warmup = self.warmup(action.device, "train")
         if self.pull_samples:
             self.slots[action.device] = self.step.devices
             self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device) + warmup)
