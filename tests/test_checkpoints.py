@@ -132,4 +132,7 @@ def test_a_resumed_run_directory_continues_its_own_wandb_run_rather_than_startin
     resumed.close()
     attempts = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(attempts) == 2  # (W&B keeps a folder per process that wrote to the run)
-    assert len({folder.name.rsplit("-", 1)[1] for folder in attempts}) == 1  # one run id
+    # The run id is read from each folder's transaction log (run-<id>.wandb), not from the folder's
+    # name: two processes starting in the same second give the second folder a "-1" suffix.
+    run_ids = {log.stem.removeprefix("run-") for folder in attempts for log in folder.glob("run-*.wandb")}
+    assert len(run_ids) == 1  # one run id
