@@ -196,10 +196,9 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
                 seconds[length] = median_time(lambda: rollout.generate(prompts_of[:groups], fixed), repeats)
             return max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short)), seconds
 
-        decode_points, prefill_points, prompt_tokens = [], [], []
+        decode_points, prefill_points = [], []
         for running, (short, long_) in points:  # (not ``groups``: that is the whole batch, used below)
             lengths = tokens_of[:running]
-            prompt_tokens += lengths
             step, seconds = decode_step(running, short, long_)
             context = statistics.mean(lengths) + (short + long_) / 2
             decode_points.append({"batch": running * G, "context": context, "step_s": step})
@@ -216,9 +215,12 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # step the run will train (a fit extrapolated far from its points misleads)
         drawn = PromptSampler(problems, cfg.seed).next(LENGTH_BATCHES * groups)
         by_group = rollout_batch(cfg, rollout, drawn)
+        # prompt lengths too: of the prompts the run draws, not of the decode timings' (the split's first
+        # few, counted once per batch size: 19.8 tokens where the run's prompts average 22.1 on cpu-tiny,
+        # so every trained sample was predicted ~9% short)
         workload = fit_workload([[len(s.completion_ids) for s in g] for g in by_group.values()],
-                                statistics.mean(prompt_tokens), cfg.rollout.max_new_tokens,
-                                [[s.reward for s in g] for g in by_group.values()])
+                                statistics.mean(len(g[0].prompt_ids) for g in by_group.values()),
+                                cfg.rollout.max_new_tokens, [[s.reward for s in g] for g in by_group.values()])
         samples = trainable({i: by_group[i] for i in sorted(by_group)[:groups]}, cfg.algorithm.std_normalize)
         parts.lap("lengths")
         advance()

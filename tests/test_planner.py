@@ -1,6 +1,7 @@
 """Performance models fitted from profiles, the scheduling-aware planner, and their files."""
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -404,6 +405,19 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     # lengths of four whole batches of the run's first prompts, and training on samples of a whole batch --
     # not of the last decode batch timed (one chunk), which the profile once measured by mistake
     assert len(profile.workload["groups"]) == LENGTH_BATCHES * 16
+    # and the prompt length the simulator adds to every trained sample is those prompts' own (the decode
+    # timings' prompts, the split's first few, once read 19.8 tokens where the run's averaged 22.1)
+    from transformers import AutoTokenizer
+
+    from bidirl.data import PromptSampler, load_problems
+    from bidirl.prompts import PromptBuilder
+
+    run_cfg = load_config("pipelines/cpu-tiny.yaml", TINY)
+    tokenizer = AutoTokenizer.from_pretrained(profile.meta["model"])
+    prompt = PromptBuilder.for_run(run_cfg.data, tokenizer)
+    drawn = PromptSampler(load_problems(run_cfg.data, "train"), run_cfg.seed).next(LENGTH_BATCHES * 16)
+    assert profile.workload["prompt_tokens"] == round(statistics.mean(
+        len(tokenizer(prompt(p), add_special_tokens=False).input_ids) for p in drawn))
     assert len(profile.logprob.points) == 3 and 0 < profile.workload["informative"] <= 1
     # two CPU devices share this machine: each stage was timed again beside a process doing the other
     assert profile.co_running["train"] > 0.5 and profile.co_running["decode"] > 0.5
