@@ -286,7 +286,23 @@ def _read_yaml(path: Path) -> DictConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
-    return OmegaConf.create(data)
+    try:
+        return OmegaConf.create(data)
+    except OmegaConfBaseException as exc:  # a key YAML allows and OmegaConf does not: `null:`, `~:`, a list
+        where = _odd_key(data)
+        raise ConfigError(f"{path}: {where or 'a key'} is not a valid key ({exc.msg.splitlines()[0]}); "
+                          "keys are names") from None
+
+
+def _odd_key(data: Any, prefix: str = "") -> str:
+    """The first mapping key (dotted path) of a type OmegaConf cannot hold, or ''."""
+    for key, value in data.items() if isinstance(data, dict) else enumerate(data if isinstance(data, list) else []):
+        if isinstance(data, dict) and not isinstance(key, (str, int, float, bool, bytes)):
+            return f"key {key!r}" + (f" under {prefix}" if prefix else "")
+        found = _odd_key(value, f"{prefix}.{key}" if prefix else str(key))
+        if found:
+            return found
+    return ""
 
 
 def _parse_overrides(overrides: List[str]) -> DictConfig:

@@ -71,6 +71,13 @@ def test_a_list_at_top_level_is_rejected(write_yaml):
         load_config(write_yaml("- a\n- b\n"))
 
 
+def test_a_null_key_is_named_in_one_line_rather_than_raised_by_omegaconf(write_yaml):
+    # (YAML reads `~:` and `null:` as a None key; OmegaConf cannot hold one)
+    with pytest.raises(ConfigError, match=r"key None under train is not a valid key") as caught:
+        load_config(write_yaml("train:\n  ~: 3\n"))
+    assert "\n" not in str(caught.value)
+
+
 def test_unknown_stage_suggests_the_closest_stage(write_yaml):
     with pytest.raises(ConfigError, match=r"unknown stage 'evalute'.*'evaluate'"):
         load_config(write_yaml("stages: [prepare_model, evalute]\n"))
