@@ -288,7 +288,7 @@ def _read_yaml(path: Path) -> DictConfig:
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     try:
         return OmegaConf.create(data)
-    except OmegaConfBaseException as exc:  # a key YAML allows and OmegaConf does not: `null:`, `~:`, a list
+    except OmegaConfBaseException as exc:  # a key YAML allows and OmegaConf cannot hold: `~:`, `null:` (None)
         where = _odd_key(data)
         raise ConfigError(f"{path}: {where or 'a key'} is not a valid key ({exc.msg.splitlines()[0]}); "
                           "keys are names") from None
@@ -296,9 +296,16 @@ def _read_yaml(path: Path) -> DictConfig:
 
 def _odd_key(data: Any, prefix: str = "") -> str:
     """The first mapping key (dotted path) of a type OmegaConf cannot hold, or ''."""
-    for key, value in data.items() if isinstance(data, dict) else enumerate(data if isinstance(data, list) else []):
-        if isinstance(data, dict) and not isinstance(key, (str, int, float, bool, bytes)):
-            return f"key {key!r}" + (f" under {prefix}" if prefix else "")
+    if isinstance(data, dict):
+        for key in data:
+            if not isinstance(key, (str, int, float, bool, bytes)):
+                return f"key {key!r}" + (f" under {prefix}" if prefix else "")
+        children = data.items()
+    elif isinstance(data, list):
+        children = enumerate(data)
+    else:
+        return ""
+    for key, value in children:
         found = _odd_key(value, f"{prefix}.{key}" if prefix else str(key))
         if found:
             return found
