@@ -3,8 +3,11 @@
 What is measured, on one device in this process, with the pipeline's own engines, model, prompts and
 sampling settings (one thread, as each live device worker runs):
 
-* decode: batches of B sequences generated to a fixed length L (EOS ignored) for two lengths; the
-  difference gives the time of one decode step at batch B and the mean context, the rest the prefill;
+* decode: batches of B sequences generated to a fixed length L (EOS ignored) for two lengths, each call
+  on prompts not seen before (as a live chunk's are: none served from the prefix cache); the difference
+  gives the time of one decode step at batch B and the mean context, the rest the prefill. The sweep
+  is taken five times over, each point the median of its passes, so that a slow minute of the host
+  falls on every point alike;
 * the task's own response lengths: a normal sampled rollout of the prompts the run itself will draw
   first (the run's seeded sampler), ``LENGTH_BATCHES`` whole batches of them, kept as measured groups
   that the simulator replays (with a log-normal fit beside them), and the share of samples the
@@ -58,8 +61,9 @@ from bidirl.perf.fitted import SWITCH_KEYS, WEIGHT_KEYS, Fit, Profile, fit_decod
 from bidirl.samples import Sample, SamplingParams
 
 REPEATS = 3  # each timing is the median of this many runs
-DECODE_REPEATS = 5  # decode steps come from a difference of two timings: more of them
+DECODE_PASSES = 5  # decode steps come from a difference of two timings: more of them, spread in time
 TRAIN_REPEATS = 5  # one training step on the same batch varies by +-15% here within a minute
+FRESH_PROMPTS = 4096  # distinct prompts the decode timings go through (cpu-long's profile uses ~1,900)
 LENGTH_BATCHES = 4  # whole batches of the run's own first prompts whose response lengths are measured
 
 
@@ -175,36 +179,49 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
 
         # decode steps: two generated lengths per batch; the difference is (L2 - L1) decode steps. Lengths
         # stay inside the model's context window (prompt included), which a long-response task nears.
-        largest = max(batch_sizes(cfg))
-        prompts_of = [prompt(p) for p in problems[:largest]]  # the batches below are prefixes of these
-        tokens_of = [len(rollout.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts_of]
-        room = context_window(model.path) - max(tokens_of) - 1
+        fresh = FreshPrompts([prompt(p) for p in problems[:FRESH_PROMPTS]], rollout.tokenizer)
+        room = context_window(model.path) - fresh.longest - 1
         # (a wide difference: two generate calls' overheads do not cancel exactly, and 12 steps of
         # difference left the fit 30-40% off on a long-response task)
         short = max(4, min(cfg.rollout.max_new_tokens, room // 6))
         long_ = max(4 * short, min(4 * cfg.rollout.max_new_tokens, room // 2))
         longest = min(4 * long_, room)
+        largest = max(batch_sizes(cfg))
         points = [(g, (short, long_)) for g in batch_sizes(cfg)]
         if longest > long_:
             points.append((largest, (long_, longest)))  # a longer context too
 
-        def decode_step(groups: int, short: int, long_: int,
-                        repeats: int = DECODE_REPEATS) -> "tuple[float, Dict[int, float]]":
-            seconds = {}
+        def decode_step(groups: int, short: int, long_: int) -> "tuple[float, Dict[int, float], Dict[int, float]]":
+            """(seconds per decode step, and by length: the call's seconds, its prompts' mean tokens): one
+            call of each length, each on prompts the engine has not seen (a prompt seen before is served
+            from the prefix cache, and the two calls' prefill would differ)."""
+            seconds, prompt_tokens = {}, {}
             for length in (short, long_):
+                texts, tokens = fresh.next(groups)
                 fixed = SamplingParams(n=G, max_new_tokens=length, temperature=1.0, ignore_eos=True)
-                seconds[length] = median_time(lambda: rollout.generate(prompts_of[:groups], fixed), repeats)
-            return max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short)), seconds
+                start = time.perf_counter()
+                rollout.generate(texts, fixed)
+                seconds[length], prompt_tokens[length] = time.perf_counter() - start, statistics.mean(tokens)
+            return max(1e-9, (seconds[long_] - seconds[short]) / (long_ - short)), seconds, prompt_tokens
 
-        decode_points, prefill_points = [], []
-        for running, (short, long_) in points:  # (not ``groups``: that is the whole batch, used below)
-            lengths = tokens_of[:running]
-            step, seconds = decode_step(running, short, long_)
-            context = statistics.mean(lengths) + (short + long_) / 2
-            decode_points.append({"batch": running * G, "context": context, "step_s": step})
-            if short == points[0][1][0]:
-                prefill_points.append({"tokens": sum(lengths) * G, "seconds": max(0.0, seconds[short] - short * step)})
+        # the sweep is taken DECODE_PASSES times over and each point is the median of its passes: this
+        # machine's speed drifts by 15% within minutes, and a point timed in one stretch (as all five
+        # repeats once were) took a slow minute alone -- one profile's largest batch read 37.6 ms where
+        # the same engine read 26-29 ms later in the same profile, and the fit's batch term followed it
+        passes: List[List[Any]] = [[] for _ in points]
+        for _ in range(DECODE_PASSES):
+            for timings, (running, (short, long_)) in zip(passes, points):
+                timings.append(decode_step(running, short, long_))
             advance()
+        decode_points, prefill_points = [], []
+        for timings, (running, (short, long_)) in zip(passes, points):  # (not ``groups``: the whole batch, below)
+            step = statistics.median(t[0] for t in timings)
+            prompt = statistics.mean(t[2][n] for t in timings for n in (short, long_))
+            decode_points.append({"batch": running * G, "context": prompt + (short + long_) / 2, "step_s": step})
+            if short == points[0][1][0]:
+                short_prompt = statistics.mean(t[2][short] for t in timings)
+                prefill_points.append({"tokens": short_prompt * running * G,
+                                       "seconds": max(0.0, statistics.median(t[1][short] for t in timings) - short * step)})
         parts.lap("decode")
         decode = fit_decode(decode_points)
         prefill = fit_line(prefill_points, "tokens", "seconds", ("fixed_s", "per_token"))
@@ -267,7 +284,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
                 return median_time(lambda: trainer.step(part), 2)
 
             # (decode timed twice per length, not five times: the pairs' median already repeats it)
-            decode_beside = paired_slowdown(lambda: decode_step(decode_groups, short, long_, 2)[0], neighbour, TRAIN)
+            decode_beside = paired_slowdown(
+                lambda: statistics.median(decode_step(decode_groups, short, long_)[0] for _ in range(2)), neighbour, TRAIN)
             train_beside_decode = paired_slowdown(train_step, neighbour, DECODE)
             train_beside_train = paired_slowdown(train_step, neighbour, TRAIN)
             neighbour.close()
@@ -488,6 +506,22 @@ def neighbour_loop(cfg: PipelineConfig, model_path: str, problems: list, ready: 
             time.sleep(0.002)
 
 
+class FreshPrompts:
+    """The task's prompts in turn, each handed out once (then round again), with their token counts: what a
+    live chunk sees, prompts the rollout engine's prefix cache does not hold yet. (A long profile of a
+    small task can come round again; only its prefill points then read a little low.)"""
+
+    def __init__(self, prompts: List[str], tokenizer: Any):
+        self.prompts, self.cursor = prompts, 0
+        self.tokens = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
+        self.longest = max(self.tokens)  # what bounds a decode timing's length, with the context window
+
+    def next(self, count: int) -> "tuple[List[str], List[int]]":
+        indices = [(self.cursor + i) % len(self.prompts) for i in range(count)]
+        self.cursor = (self.cursor + count) % len(self.prompts)
+        return [self.prompts[i] for i in indices], [self.tokens[i] for i in indices]
+
+
 def context_window(model_path: str) -> int:
     """Tokens the model can attend over (its config's ``max_position_embeddings``; 32k if it names none)."""
     import json
@@ -537,7 +571,7 @@ def plot_profile(profile: Profile, path: Path) -> Path:
 
 
 def progress_steps(cfg: PipelineConfig) -> int:
-    return 1 + len(batch_sizes(cfg)) + 1 + 1 + 3 + 1 + 1 + 1
+    return 1 + DECODE_PASSES + 1 + 1 + 3 + 1 + 1 + 1
 
 
 def summary_line(profile: Profile) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from bidirl.config import load_config
 from bidirl.errors import BidirlError
-from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, load_profile
+from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, least_squares, load_profile
 from bidirl.profiling import CO_RUNNING_PAIRS, IDLE, LENGTH_BATCHES, TRAIN, paired_slowdown
 from bidirl.planner import fits_memory, load_plan, plan, preflight, write_plan
 from bidirl.sim.run import perf_model, simulate
@@ -43,6 +43,29 @@ def test_fits_recover_known_coefficients_from_synthetic_points():
     line = fit_line([{"tokens": t, "seconds": 0.1 + 3e-4 * t} for t in (1000, 2000, 4000)], "tokens", "seconds",
                     ("fixed_s", "per_token_s"))
     assert line.coefficients == pytest.approx({"fixed_s": 0.1, "per_token_s": 3e-4})
+
+
+def test_a_decode_fit_never_trades_one_term_below_zero_against_another():
+    # one profile's points as measured: its largest batch timed in a slow minute read 37.6 ms at the usual
+    # context and 25.4 ms at a longer one, and plain least squares made the context term negative
+    measured = [(8, 120.5, 6.64), (32, 120.25, 10.42), (64, 118.0, 14.81), (128, 119.25, 37.6), (128, 194.25, 25.4)]
+    fit = fit_decode([{"batch": b, "context": c, "step_s": ms / 1000} for b, c, ms in measured])
+    assert min(fit.coefficients.values()) >= 0
+    unconstrained = least_squares([(1, b, b * c) for b, c, _ in measured], [ms / 1000 for *_, ms in measured])
+    assert unconstrained[2] < 0  # (what the fit once kept)
+
+
+def test_the_decode_timings_go_through_prompts_the_prefix_cache_has_not_seen():
+    from bidirl.profiling import FreshPrompts
+
+    class Words:  # a tokenizer counting words
+        def __call__(self, text, add_special_tokens=False):
+            return type("Encoded", (), {"input_ids": text.split()})
+
+    prompts = FreshPrompts(["a", "b c", "d e f", "g"], Words())
+    assert prompts.longest == 3
+    assert prompts.next(3) == (["a", "b c", "d e f"], [1, 2, 3])
+    assert prompts.next(2) == (["g", "a"], [1, 1])  # every prompt once before any comes round again
 
 
 def test_a_line_fitted_to_timings_that_fall_as_work_grows_is_flat_at_their_mean_not_falling():

@@ -2,7 +2,7 @@
 
 ``profile.json`` holds the raw points and the fitted coefficients with their errors::
 
-    decode    step(B, ctx) = a + b * B + c * B * ctx      least squares over (batch, context) points
+    decode    step(B, ctx) = a + b * B + c * B * ctx      least squares, no term below 0, over (batch, context) points
     prefill   seconds per prompt token
     requests  seconds per request beyond its prefill and decode steps (optional): a chunk generated and
               scored as a live device does it, against what the decode and prefill fits say it takes
@@ -29,6 +29,7 @@ line naming the file and the key, never a traceback.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -186,13 +187,37 @@ def relative_error(predicted: Sequence[float], measured: Sequence[float]) -> flo
     return math.sqrt(sum(terms) / len(terms)) if terms else 0.0
 
 
+def nonnegative_least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> List[float]:
+    """Least squares with every coefficient >= 0. The optimum's non-zero coefficients are the plain least
+    squares of their own columns, so the best non-negative one of those over every subset of columns is
+    it: exact, and cheap for the two or three unknowns of these fits."""
+    width, best = len(rows[0]), None
+    for free in itertools.product((True, False), repeat=width):
+        columns = [j for j in range(width) if free[j]]
+        x = [0.0] * width
+        if columns:
+            solution = least_squares([[row[j] for j in columns] for row in rows], targets)
+            if min(solution) < 0:
+                continue
+            for j, value in zip(columns, solution):
+                x[j] = value
+        residual = sum((sum(r * v for r, v in zip(row, x)) - y) ** 2 for row, y in zip(rows, targets))
+        if best is None or residual < best[0]:
+            best = (residual, x)
+    return best[1]
+
+
 def fit_decode(points: List[Dict[str, float]]) -> Fit:
+    """``a + b*B + c*B*ctx`` with no term below 0: a decode step never gets faster with more sequences or
+    longer contexts, so a negative term is timer noise traded between the terms (one profile read
+    b=0.39 ms, c=-0.0011 ms where the next read b=0.19, c=+0.0001), which then decides the prediction
+    wherever the running batch and context differ from the points'."""
     contexts = [p["context"] for p in points]
     if max(contexts) > 1.25 * min(contexts):
         rows = [(1.0, p["batch"], p["batch"] * p["context"]) for p in points]
-        a, b, c = least_squares(rows, [p["step_s"] for p in points])
+        a, b, c = nonnegative_least_squares(rows, [p["step_s"] for p in points])
     else:  # contexts hardly vary: the context term cannot be told apart from the batch term
-        (a, b), c = least_squares([(1.0, p["batch"]) for p in points], [p["step_s"] for p in points]), 0.0
+        (a, b), c = nonnegative_least_squares([(1.0, p["batch"]) for p in points], [p["step_s"] for p in points]), 0.0
     predicted = [a + b * p["batch"] + c * p["batch"] * p["context"] for p in points]
     return Fit({"a": a, "b": b, "c": c}, relative_error(predicted, [p["step_s"] for p in points]), points)
 
