@@ -25,10 +25,9 @@ sampling settings (one thread, as each live device worker runs):
 * what a live train step costs beyond its gradient passes and optimizer step: each pulled
   micro-batch's round trip through a real c10d store, and the finish's own work (the log-prob probe,
   the gradient gather and put-back, the checksum), through the live worker's code (:func:`step_overhead`);
-* what each request costs beyond its prefill and decode steps (the decode fit is a difference of two
-  timings, so per-call and per-request costs cancel out of it): the run's first chunk generated,
-  scored and encoded for the controller as a live device does it, against the fits' time for the same
-  lengths (:func:`request_overhead`);
+* what each request costs beyond its prefill and decode steps: its scoring and its reply to the
+  controller, timed; and, recorded beside it, chunks generated as a live device does it against the
+  fits' time for the same lengths (:func:`request_overhead`);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
   same work as a load, so the same figure), into training it looks up a process group built at
@@ -36,9 +35,11 @@ sampling settings (one thread, as each live device worker runs):
 * where the pipeline's devices share one host (CPU devices are processes on one machine, sharing its
   memory bandwidth and caches), how much slower each stage runs while another device works: a
   training step beside a process that decodes, a decode step beside one that trains, and a training
-  step beside one that trains too (a lent device joining the step) -- the ``co_running`` factors, each
-  the median ratio of alternating alone/beside pairs (see :func:`paired_slowdown`), training timed on a
-  quarter of the batch (the same micro-batches; the whole one took half of the demo's profile). The
+  step beside one that trains too (a lent device joining the step), and a decode step beside one that
+  decodes too (both devices of a colocated step generating, or a lent trainer) -- the ``co_running``
+  factors, each the median ratio of alternating alone/beside pairs (see :func:`paired_slowdown`),
+  training timed on a quarter of the batch (the same micro-batches; the whole one took half of the
+  demo's profile). The
   neighbour builds its engines while this process builds its own (nothing is timed until both are
   ready; it idles through every other timing).
 
@@ -258,14 +259,17 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         overhead = step_overhead(cfg, trainer, samples)
         parts.lap("train")
 
-        # what a request costs beyond its prefill and decode steps (those fits are differences of timings,
-        # from which per-call and per-request costs cancel): the run's first chunk, generated and scored
-        # as a live device does it and carried as its reply to the controller is, against the fits
+        # what a request costs beyond its prefill and decode steps: its scoring and its reply, timed; and
+        # chunks generated as a live device does it, on prompts the engine has not seen (the split's last:
+        # the decode timings went through its first), against the fits
         prefill = Fit({"per_token": prefill.coefficients["per_token"]}, prefill.error, prefill.points)
         capacity = max(p["batch"] for p in decode_points)
         fits_so_far = Profile(cfg.cluster.device_type, decode, prefill, train, dict.fromkeys(WEIGHT_KEYS, 0.0),
                               dict.fromkeys(SWITCH_KEYS, 0.0), capacity, workload)
-        requests = request_overhead(cfg, rollout, drawn[: min(cfg.launch.chunk_groups, groups)], fits_so_far)
+        chunk = min(cfg.launch.chunk_groups, groups)
+        unseen = problems[-REPEATS * chunk:]  # (a split smaller than that: all of it)
+        chunks = [part for part in (unseen[i * chunk:(i + 1) * chunk] for i in range(REPEATS)) if part]
+        requests = request_overhead(cfg, rollout, chunks, fits_so_far)
         parts.lap("requests")
         advance()
 
@@ -283,16 +287,21 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
             def train_step() -> float:
                 return median_time(lambda: trainer.step(part), 2)
 
-            # (decode timed twice per length, not five times: the pairs' median already repeats it)
-            decode_beside = paired_slowdown(
-                lambda: statistics.median(decode_step(decode_groups, short, long_)[0] for _ in range(2)), neighbour, TRAIN)
+            def decode_timing() -> float:  # (twice per length, not five times: the pairs' median repeats it)
+                return statistics.median(decode_step(decode_groups, short, long_)[0] for _ in range(2))
+
+            decode_beside = paired_slowdown(decode_timing, neighbour, TRAIN)
             train_beside_decode = paired_slowdown(train_step, neighbour, DECODE)
             train_beside_train = paired_slowdown(train_step, neighbour, TRAIN)
+            # and decoding beside decoding: both devices of a colocated step, or a lent trainer, generate
+            decode_beside_decode = paired_slowdown(decode_timing, neighbour, DECODE)
             neighbour.close()
             co_running = {"decode": decode_beside["factor"], "train": train_beside_decode["factor"],
                           "train_beside_train": train_beside_train["factor"],
+                          "decode_beside_decode": decode_beside_decode["factor"],
                           "pairs": {"decode": decode_beside, "train": train_beside_decode,
-                                    "train_beside_train": train_beside_train}}
+                                    "train_beside_train": train_beside_train,
+                                    "decode_beside_decode": decode_beside_decode}}
             parts.lap("co_running")
         advance()
 
@@ -326,26 +335,40 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     return profile
 
 
-def request_overhead(cfg: PipelineConfig, rollout: Any, problems: list, fits: Profile) -> Dict[str, Any]:
-    """Seconds per request beyond what the decode and prefill fits charge: ``problems`` (a chunk)
-    generated, scored and encoded for the controller ``REPEATS`` times, each against the generation time
-    the fits give the very lengths it drew; the median per request (never below 0)."""
+def request_overhead(cfg: PipelineConfig, rollout: Any, chunks: List[list], fits: Profile) -> Dict[str, Any]:
+    """Seconds per request beyond its prefill and decode steps: what a live device does with each sample
+    outside the engine -- scoring its answer, and carrying it to the controller encoded as its reply is
+    -- timed directly (median of ``REPEATS``). The engine's own per-request work grows with the requests
+    as the prompt tokens do, so the prefill line's slope holds it.
+
+    Beside it, ``points``: each of ``chunks`` generated as a live device does, on prompts the engine has
+    not seen, against the time the fits give the very lengths it drew -- how well the fits explain a real
+    chunk, recorded and not charged. (Charged, as it once was, the gap read 0, 2.7 and 9.8 ms per request
+    in three profiles of the same task minutes apart: one chunk's ~3 s read this machine's speed in that
+    moment, which drifts by 15-30%, as much as the fits' own.)"""
+    from bidirl.prompts import PromptBuilder
+    from bidirl.reward import numeric_reward
     from bidirl.runtime import protocol as msg
     from bidirl.runtime.wire import decode, encode
     from bidirl.sim.costs import generation_seconds
 
     model, workload = fits.model(), fits.measured_workload()
+    prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
     points = []
-    for _ in range(REPEATS):
+    for problems in chunks:
         start = time.perf_counter()
-        samples = [s for group in rollout_batch(cfg, rollout, problems).values() for s in group]
-        decode(encode(msg.ChunkGenerated(chunk=0, samples=samples, version=rollout.version)))
+        samples = rollout.generate([prompt(p) for p in problems], sampling_of(cfg))
         measured = time.perf_counter() - start
         modelled = generation_seconds(model, workload, [len(s.completion_ids) for s in samples],
                                       cfg.rollout.group_size)
         points.append({"sequences": len(samples), "measured_s": measured, "modelled_s": modelled})
-    per_request = statistics.median((p["measured_s"] - p["modelled_s"]) / p["sequences"] for p in points)
-    return {"per_request_s": max(0.0, per_request), "points": points}
+
+    def own_work() -> None:  # (the last chunk's samples: a live device's reply for one chunk)
+        for sample in samples:
+            sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer)
+        decode(encode(msg.ChunkGenerated(chunk=0, samples=samples, version=rollout.version)))
+
+    return {"per_request_s": median_time(own_work) / len(samples), "points": points}
 
 
 def step_overhead(cfg: PipelineConfig, trainer: Any, samples: List[Sample]) -> Dict[str, Any]:
@@ -579,6 +602,7 @@ def summary_line(profile: Profile) -> str:
     co = profile.co_running
     beside = (f"; beside the other stage on this host: decode x{co['decode']:.2f}, train x{co['train']:.2f}"
               + (f" (beside training x{co['train_beside_train']:.2f})" if "train_beside_train" in co else "")
+              + (f", decode beside decoding x{co['decode_beside_decode']:.2f}" if "decode_beside_decode" in co else "")
               if co else "")
     return (f"decode step {1000 * d['a']:.2f} ms + {1000 * d['b']:.4f} ms/sequence (fit error {profile.decode.error:.0%}); "
             f"train {1000 * t['per_token_s']:.3f} ms/token + {t['fixed_s']:.3f} s (error {profile.train.error:.0%}); "

@@ -179,6 +179,24 @@ def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_r
     assert steps["alone"] * 1.02 < steps["beside"] < steps["alone"] * 1.45
 
 
+def test_the_simulator_slows_decoding_on_a_shared_host_while_another_device_decodes_too(tmp_path):
+    steps = {}
+    long_answers = {"prompt_tokens": 9, "mean_tokens": 60.0, "cap": 120, "prompt_sigma": 0.3, "sample_sigma": 0.2}
+    for name, co in (("alone", None), ("beside", {"decode": 1.0, "train": 1.0, "decode_beside_decode": 1.5})):
+        profile = synthetic_profile(co_running=co, workload=long_answers,
+                                    train=Fit({"fixed_s": 0.05, "per_token_s": 2e-5}, 0.03))
+        (tmp_path / f"{name}.json").write_text(profile.to_json())
+        cfg = small(f"sim.profile={tmp_path / name}.json", "cluster.devices=2", "launch.chunk_groups=8",
+                    "train.prompts_per_step=16", "algorithm.staleness=1")
+        for policy, split in (("sync", {}), ("async", {"rollout_devices": 1})):
+            steps[name, policy] = simulate(cfg, policy, **split).step_s
+    # colocated: both devices generate the batch at once, each slowed while the other still decodes (the
+    # shorter share ends first, so not the whole time); disaggregated: one device decodes, alone
+    assert steps["alone", "sync"] * 1.1 < steps["beside", "sync"] < steps["alone", "sync"] * 1.5
+    assert steps["beside", "async"] == steps["alone", "async"]
+    assert synthetic_profile().model().decode_slowdown_beside_decoding() == 1.0  # older profiles did not measure it
+
+
 @pytest.mark.parametrize("damage,message", [
     (lambda d: "not json{", "not a readable profile.json"),
     (lambda d: {**d, "schema": "other"}, "'schema' must be"),
@@ -187,6 +205,8 @@ def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_r
     (lambda d: {**d, "weights": {**d["weights"], "load_s": "fast"}}, "key 'weights.load_s' must be a finite number"),
     (lambda d: {**d, "co_running": {"decode": 1.1}}, "missing key 'train'"),
     (lambda d: {**d, "co_running": {"decode": 0, "train": 1.2}}, "key 'co_running.decode' must be a slowdown factor"),
+    (lambda d: {**d, "co_running": {"decode": 1.1, "train": 1.0, "decode_beside_decode": 0}},
+     "key 'co_running.decode_beside_decode' must be a slowdown factor"),
     (lambda d: {**d, "requests": {"per_request_s": -1}}, "key 'requests.per_request_s' must be a finite number >= 0"),
     (lambda d: {**d, "warmup": {"rollout_s": 2.0}}, "missing key 'train_s'"),
     (lambda d: {**d, "step_overhead": {"per_micro_batch_s": 0.004, "finish_s": "slow"}},
@@ -445,6 +465,7 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     # two CPU devices share this machine: each stage was timed again beside a process doing the other
     assert profile.co_running["train"] > 0.5 and profile.co_running["decode"] > 0.5
     assert profile.co_running["train_beside_train"] > 0.5  # and training beside a joined device's training
+    assert profile.co_running["decode_beside_decode"] > 0.5  # and decoding beside decoding
     assert all(len(pairs["ratios"]) == CO_RUNNING_PAIRS for pairs in profile.co_running["pairs"].values())
     # a forward is cheaper: at every measured size, and in the fits where they were measured (a tiny model's
     # points span 30-60 tokens and time almost alike: extrapolated to 1000 tokens, their slopes' noise decides)

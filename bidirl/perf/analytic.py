@@ -202,6 +202,9 @@ class PerfModel:
     def decode_slowdown_beside_training(self) -> float:
         return 1.0  # one GPU's decode does not slow down because another GPU trains
 
+    def decode_slowdown_beside_decoding(self) -> float:
+        return 1.0  # nor because another GPU decodes
+
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         free = (instance_devices * self.hardware.hbm_bytes - self.model.weight_bytes) * self.kv_fraction
         return max(1, int(free / (self.model.kv_bytes_per_token * max(context, 1.0))))

@@ -4,15 +4,16 @@
 
     decode    step(B, ctx) = a + b * B + c * B * ctx      least squares, no term below 0, over (batch, context) points
     prefill   seconds per prompt token
-    requests  seconds per request beyond its prefill and decode steps (optional): a chunk generated and
-              scored as a live device does it, against what the decode and prefill fits say it takes
+    requests  seconds per request beyond its prefill and decode steps (optional): scoring it and carrying
+              it to the controller; beside it, chunks generated as a live device does it against the fits
     train     step(tokens) = fixed + per_token * tokens    one device, gradients and optimizer step
     logprob   forward(tokens) = fixed + per_token * tokens  one device, log-probs only (optional)
     weights   load (into the rollout engine), publish (flatten + hand-off), bytes
     switch    into rollout (loads weights into the engine) and into training (a lookup)
     workload  the task's own response lengths under the pipeline's sampling settings (optional)
-    co_running  how much slower decode and training run beside the other stage on the same host
-              (optional; measured where the devices share one machine, e.g. CPU processes)
+    co_running  how much slower decode and training run beside the other stage on the same host, and
+              decode beside decode (optional; measured where the devices share one machine, e.g. CPU
+              processes)
     step_overhead  a live train step's cost beyond its gradient passes and optimizer step (optional):
               per pulled micro-batch (its round trip to the device) and per step (the finish's own work)
     warmup    what a fresh engine's first chunk and a fresh trainer's first micro-batch take beyond the
@@ -21,7 +22,8 @@
 Where ``co_running`` is present, training and log-prob times are charged at the speed measured beside
 a decoding device (a trainer hardly ever runs alone: rollout devices decode whenever they are not
 blocked), and the simulator slows each decoding instance by the decode factor exactly while a train
-step runs (a rollout-bound run's trainer idles most of the time, so decode mostly runs alone).
+step runs (a rollout-bound run's trainer idles most of the time, so decode mostly runs alone), and by
+``decode_beside_decode`` exactly while another instance decodes too (the larger where both).
 
 :func:`load_profile` validates the file against this schema: a corrupt or incomplete profile is one
 line naming the file and the key, never a traceback.
@@ -97,6 +99,7 @@ class FittedModel:
         self.per_token, self.train_fixed = t["per_token_s"], t["fixed_s"]
         co = profile.co_running or {}
         self.decode_factor, self.train_factor = co.get("decode", 1.0), co.get("train", 1.0)
+        self.decode_beside_decode = co.get("decode_beside_decode", 1.0)  # (older profiles: not measured)
 
     def decode_line(self, context: float, instance_devices: int = 1) -> Tuple[float, float]:
         one_device(instance_devices)
@@ -120,6 +123,9 @@ class FittedModel:
 
     def decode_slowdown_beside_training(self) -> float:
         return self.decode_factor
+
+    def decode_slowdown_beside_decoding(self) -> float:
+        return self.decode_beside_decode
 
     def max_concurrency(self, context: float, instance_devices: int = 1) -> int:
         one_device(instance_devices)
@@ -292,6 +298,10 @@ def load_profile(path: str | Path) -> Profile:
             co_running = {**data["co_running"], **_numbers(data, "co_running", ("decode", "train"))}
             if min(co_running["decode"], co_running["train"]) <= 0:
                 raise _Bad("co_running.decode", "a slowdown factor above 0 (and co_running.train too)")
+            if "decode_beside_decode" in data["co_running"]:  # optional: older profiles did not measure it
+                co_running.update(_numbers(data, "co_running", ("decode_beside_decode",)))
+                if co_running["decode_beside_decode"] <= 0:
+                    raise _Bad("co_running.decode_beside_decode", "a slowdown factor above 0")
         requests = None
         if data.get("requests") is not None:  # optional: older profiles did not measure it
             requests = {**data["requests"], **_numbers(data, "requests", ("per_request_s",))}

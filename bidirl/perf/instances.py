@@ -57,6 +57,9 @@ class InstanceModel:
     def decode_slowdown_beside_training(self) -> float:
         return self.perf.decode_slowdown_beside_training()
 
+    def decode_slowdown_beside_decoding(self) -> float:
+        return self.perf.decode_slowdown_beside_decoding()
+
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
         return self.perf.train_compute_seconds(tokens, recompute_logprob) / self.k
 

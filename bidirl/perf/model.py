@@ -39,6 +39,11 @@ class PerformanceModel(Protocol):
         do not share a host's memory bandwidth and caches, as GPUs do not)."""
         ...
 
+    def decode_slowdown_beside_decoding(self) -> float:
+        """How much slower decoding runs while another device of the same host decodes too (1.0 where
+        devices do not share a host)."""
+        ...
+
     # training
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
         """Device-seconds of gradient work for ``tokens`` (prompt + response), shared by data-parallel devices."""

@@ -67,6 +67,9 @@ class CalibratedCosts:
     def decode_slowdown_beside_training(self) -> float:
         return self.perf.decode_slowdown_beside_training()
 
+    def decode_slowdown_beside_decoding(self) -> float:
+        return self.perf.decode_slowdown_beside_decoding()
+
     def warmup(self, stage: str) -> float:
         return self.perf.warmup_seconds(stage)
 

@@ -29,8 +29,10 @@ with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.ins
 share the decode batch, a weight load pauses decoding instead of waiting for a chunk to end, and each
 prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends. Where the
 performance model says devices share a host (CPU processes), every instance not in the train step
-decodes slower for exactly as long as the step runs. A device's first chunk and first train work of
-the run also take the cost model's warm-up (a fresh engine's first call, measured by the profile), once.
+decodes slower for exactly as long as the step runs, and every instance decodes slower for exactly as
+long as another one decodes too (the larger factor where both). A device's first chunk and first train
+work of the run also take the cost model's warm-up (a fresh engine's first call, measured by the
+profile), once.
 Deterministic: ties break by sequence number, and cost models draw from their own seeded RNG.
 """
 
@@ -254,6 +256,10 @@ class Simulator:
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
         self.rejoin_counted = 0.0  # the step's wait for a home trainer back from a lease is counted up to here
         self.warmed: set = set()  # (device, stage) that paid their engine's warm-up
+        self.training_now: Any = ()  # devices of the train step in progress (their neighbours decode slower)
+        # the host's decoding slows its other decoding down (1.0: devices do not share a host, or older
+        # profiles), so each instance's speed follows who else decodes: checked after every event
+        self.beside_decoding = costs.decode_slowdown_beside_decoding() if continuous else 1.0
         if cluster.allows_migration and self.instances is None:
             raise ValueError("moving requests in flight (Migrate) needs a cost model with continuous-batching instances")
 
@@ -292,6 +298,8 @@ class Simulator:
                     self.handle(ev.TrainDone(self.cluster.version + 1), now)
             else:
                 self.handle(event, now)
+            if self.beside_decoding != 1.0:
+                self.set_speeds(now)
             self.reschedule_ticks()
         if not self.cluster.finished:
             raise RuntimeError(f"simulation stalled at t={self.cluster.now:.3f} after version "
@@ -431,12 +439,25 @@ class Simulator:
         self.beside_training(now, self.cluster.training_devices)
 
     def beside_training(self, now: float, training) -> None:
-        """Instances decode at their speed beside ``training`` devices (none: at their own speed)."""
+        """From now on ``training`` devices train (none: no step runs)."""
+        self.training_now = training
+        self.set_speeds(now)
+
+    def set_speeds(self, now: float) -> None:
+        """Each instance decodes at its own speed times its neighbours' effect: the decode-beside-training
+        factor while a train step runs on other devices, the decode-beside-decoding one while another
+        instance has sequences (running or waiting to join), the larger where both."""
         if self.instances is None:
             return
-        factor = self.costs.decode_slowdown_beside_training() if training else 1.0
+        training = self.training_now
+        beside_training = self.costs.decode_slowdown_beside_training() if training else 1.0
+        decoding = ([index for index, instance in self.instances.items() if instance.running or instance.waiting]
+                    if self.beside_decoding != 1.0 else ())
         for index, instance in self.instances.items():
-            if instance.slow_down(now, 1.0 if index in training else factor):
+            factor = 1.0 if index in training else beside_training
+            if len(decoding) > (index in decoding):  # another instance decodes
+                factor = max(factor, self.beside_decoding)
+            if instance.slow_down(now, factor):
                 self.dirty.add(index)
 
     def step_communication(self, devices) -> float:
