@@ -25,9 +25,9 @@ sampling settings (one thread, as each live device worker runs):
 * what a live train step costs beyond its gradient passes and optimizer step: each pulled
   micro-batch's round trip through a real c10d store, and the finish's own work (the log-prob probe,
   the gradient gather and put-back, the checksum), through the live worker's code (:func:`step_overhead`);
-* what each request costs beyond its prefill and decode steps: its scoring and its reply to the
-  controller, timed; and, recorded beside it, chunks generated as a live device does it against the
-  fits' time for the same lengths (:func:`request_overhead`);
+* what each request costs beyond its prefill and decode steps: chunks generated as a live device does
+  it, one in each pass of the decode sweep, against the fits' time for the same lengths, and each
+  request's scoring and reply to the controller (:func:`request_overhead`);
 * weights: loading a full weight set into the rollout engine, and flattening it for publishing;
 * switches, as the live worker does them: into rollout it reloads the weights into the engine (the
   same work as a load, so the same figure), into training it looks up a process group built at
@@ -209,10 +209,20 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # machine's speed drifts by 15% within minutes, and a point timed in one stretch (as all five
         # repeats once were) took a slow minute alone -- one profile's largest batch read 37.6 ms where
         # the same engine read 26-29 ms later in the same profile, and the fit's batch term followed it
+        # Each pass also generates one chunk as a live device does (sampled lengths, EOS), on problems the
+        # engine has not seen (the split's last: the timings above go through its first), which the fits
+        # are checked against below -- in the same minutes as the points they are fitted to
+        chunk = min(cfg.launch.chunk_groups, groups)
+        unseen = problems[-DECODE_PASSES * chunk:]  # (a split smaller than that: all of it)
+        real_chunks: List["tuple[float, List[Sample]]"] = []
         passes: List[List[Any]] = [[] for _ in points]
-        for _ in range(DECODE_PASSES):
+        for index in range(DECODE_PASSES):
             for timings, (running, (short, long_)) in zip(passes, points):
                 timings.append(decode_step(running, short, long_))
+            part = unseen[index * chunk:(index + 1) * chunk] or unseen[:chunk]
+            start = time.perf_counter()
+            generated = rollout.generate([prompt(p) for p in part], sampling_of(cfg))
+            real_chunks.append((time.perf_counter() - start, generated, part))
             advance()
         decode_points, prefill_points = [], []
         for timings, (running, (short, long_)) in zip(passes, points):  # (not ``groups``: the whole batch, below)
@@ -259,17 +269,13 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         overhead = step_overhead(cfg, trainer, samples)
         parts.lap("train")
 
-        # what a request costs beyond its prefill and decode steps: its scoring and its reply, timed; and
-        # chunks generated as a live device does it, on prompts the engine has not seen (the split's last:
-        # the decode timings went through its first), against the fits
+        # what a request costs beyond its prefill and decode steps: the real chunks against the fits, and
+        # each request's scoring and reply to the controller
         prefill = Fit({"per_token": prefill.coefficients["per_token"]}, prefill.error, prefill.points)
         capacity = max(p["batch"] for p in decode_points)
         fits_so_far = Profile(cfg.cluster.device_type, decode, prefill, train, dict.fromkeys(WEIGHT_KEYS, 0.0),
                               dict.fromkeys(SWITCH_KEYS, 0.0), capacity, workload)
-        chunk = min(cfg.launch.chunk_groups, groups)
-        unseen = problems[-REPEATS * chunk:]  # (a split smaller than that: all of it)
-        chunks = [part for part in (unseen[i * chunk:(i + 1) * chunk] for i in range(REPEATS)) if part]
-        requests = request_overhead(cfg, rollout, chunks, fits_so_far)
+        requests = request_overhead(cfg, real_chunks, fits_so_far, rollout.version)
         parts.lap("requests")
         advance()
 
@@ -335,40 +341,39 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
     return profile
 
 
-def request_overhead(cfg: PipelineConfig, rollout: Any, chunks: List[list], fits: Profile) -> Dict[str, Any]:
-    """Seconds per request beyond its prefill and decode steps: what a live device does with each sample
-    outside the engine -- scoring its answer, and carrying it to the controller encoded as its reply is
-    -- timed directly (median of ``REPEATS``). The engine's own per-request work grows with the requests
-    as the prompt tokens do, so the prefill line's slope holds it.
+def request_overhead(cfg: PipelineConfig, chunks: List["tuple[float, List[Sample], list]"], fits: Profile,
+                     version: int) -> Dict[str, Any]:
+    """Seconds per request beyond what the decode and prefill fits charge: chunks generated as a live device
+    does it -- (seconds, samples, problems), timed in the decode sweep's passes -- each against the time
+    the fits give the very lengths it drew, the median gap per request (never below 0); plus what a live
+    device does with each sample outside the engine, scoring its answer and carrying it to the controller
+    encoded as its reply is (median of ``REPEATS``, on the last chunk).
 
-    Beside it, ``points``: each of ``chunks`` generated as a live device does, on prompts the engine has
-    not seen, against the time the fits give the very lengths it drew -- how well the fits explain a real
-    chunk, recorded and not charged. (Charged, as it once was, the gap read 0, 2.7 and 9.8 ms per request
-    in three profiles of the same task minutes apart: one chunk's ~3 s read this machine's speed in that
-    moment, which drifts by 15-30%, as much as the fits' own.)"""
-    from bidirl.prompts import PromptBuilder
+    The gap is real where the fits are extrapolated (a task capped at 40 tokens decodes at contexts
+    below the sweep's; its chunks ran 10-30% over the fits) and noise where they are not. Its chunks are
+    timed in the same minutes as the decode points: timed apart, after them, the gap read 0, 2.7 and
+    9.8 ms per request in three profiles of one task minutes apart (this machine's speed drifts by
+    15-30%)."""
     from bidirl.reward import numeric_reward
     from bidirl.runtime import protocol as msg
     from bidirl.runtime.wire import decode, encode
     from bidirl.sim.costs import generation_seconds
 
     model, workload = fits.model(), fits.measured_workload()
-    prompt = PromptBuilder.for_run(cfg.data, rollout.tokenizer)
-    points = []
-    for problems in chunks:
-        start = time.perf_counter()
-        samples = rollout.generate([prompt(p) for p in problems], sampling_of(cfg))
-        measured = time.perf_counter() - start
-        modelled = generation_seconds(model, workload, [len(s.completion_ids) for s in samples],
-                                      cfg.rollout.group_size)
-        points.append({"sequences": len(samples), "measured_s": measured, "modelled_s": modelled})
+    points = [{"sequences": len(samples), "measured_s": seconds,
+               "modelled_s": generation_seconds(model, workload, [len(s.completion_ids) for s in samples],
+                                                cfg.rollout.group_size)}
+              for seconds, samples, _ in chunks]
+    gap = statistics.median((p["measured_s"] - p["modelled_s"]) / p["sequences"] for p in points)
+    _, samples, problems = chunks[-1]
 
-    def own_work() -> None:  # (the last chunk's samples: a live device's reply for one chunk)
+    def own_work() -> None:
         for sample in samples:
             sample.reward = numeric_reward(sample.text, problems[sample.prompt_index].answer)
-        decode(encode(msg.ChunkGenerated(chunk=0, samples=samples, version=rollout.version)))
+        decode(encode(msg.ChunkGenerated(chunk=0, samples=samples, version=version)))
 
-    return {"per_request_s": median_time(own_work) / len(samples), "points": points}
+    own = median_time(own_work) / len(samples)
+    return {"per_request_s": max(0.0, gap) + own, "beyond_fits_s": gap, "own_work_s": own, "points": points}
 
 
 def step_overhead(cfg: PipelineConfig, trainer: Any, samples: List[Sample]) -> Dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from bidirl.config import load_config
 from bidirl.errors import BidirlError
 from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, least_squares, load_profile
-from bidirl.profiling import CO_RUNNING_PAIRS, IDLE, LENGTH_BATCHES, TRAIN, paired_slowdown
+from bidirl.profiling import CO_RUNNING_PAIRS, DECODE_PASSES, IDLE, LENGTH_BATCHES, TRAIN, paired_slowdown
 from bidirl.planner import fits_memory, load_plan, plan, preflight, write_plan
 from bidirl.sim.run import perf_model, simulate
 
@@ -475,8 +475,11 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     # where the profile's own time went, part by part, and in its one-line summary
     assert list(profile.meta["seconds"]) == ["engines", "decode", "lengths", "train", "requests", "co_running",
                                              "weights"]
-    # a chunk generated as a live device does it, against the fits: each request's cost beyond them
-    assert len(profile.requests["points"]) == 3 and profile.requests["per_request_s"] >= 0
+    # chunks generated as a live device does it, one per pass of the decode sweep, against the fits; and each
+    # request's own work (its scoring and reply), timed: each request's cost beyond the fits
+    assert len(profile.requests["points"]) == DECODE_PASSES
+    assert all(p["measured_s"] > 0 and p["modelled_s"] > 0 for p in profile.requests["points"])
+    assert profile.requests["per_request_s"] >= profile.requests["own_work_s"] > 0
     # a fresh engine's first call, against the same call warm: what a live device's first chunk pays
     assert profile.warmup["rollout_s"] > 0 and profile.warmup["train_s"] >= 0
     assert profile.warmup["timings"]["rollout"]["first_s"] > profile.warmup["timings"]["rollout"]["warm_s"]

@@ -4,8 +4,8 @@
 
     decode    step(B, ctx) = a + b * B + c * B * ctx      least squares, no term below 0, over (batch, context) points
     prefill   seconds per prompt token
-    requests  seconds per request beyond its prefill and decode steps (optional): scoring it and carrying
-              it to the controller; beside it, chunks generated as a live device does it against the fits
+    requests  seconds per request beyond its prefill and decode steps (optional): chunks generated as a
+              live device does it against the fits, and each request's scoring and reply
     train     step(tokens) = fixed + per_token * tokens    one device, gradients and optimizer step
     logprob   forward(tokens) = fixed + per_token * tokens  one device, log-probs only (optional)
     weights   load (into the rollout engine), publish (flatten + hand-off), bytes
