@@ -208,13 +208,13 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         # the sweep is taken DECODE_PASSES times over and each point is the median of its passes: this
         # machine's speed drifts by 15% within minutes, and a point timed in one stretch (as all five
         # repeats once were) took a slow minute alone -- one profile's largest batch read 37.6 ms where
-        # the same engine read 26-29 ms later in the same profile, and the fit's batch term followed it
+        # the same engine read 26-29 ms later in the same profile, and the fit's batch term followed it.
         # Each pass also generates one chunk as a live device does (sampled lengths, EOS), on problems the
         # engine has not seen (the split's last: the timings above go through its first), which the fits
         # are checked against below -- in the same minutes as the points they are fitted to
         chunk = min(cfg.launch.chunk_groups, groups)
         unseen = problems[-DECODE_PASSES * chunk:]  # (a split smaller than that: all of it)
-        real_chunks: List["tuple[float, List[Sample]]"] = []
+        real_chunks: List["tuple[float, List[Sample], list]"] = []  # (seconds, samples, problems)
         passes: List[List[Any]] = [[] for _ in points]
         for index in range(DECODE_PASSES):
             for timings, (running, (short, long_)) in zip(passes, points):
@@ -227,8 +227,8 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         decode_points, prefill_points = [], []
         for timings, (running, (short, long_)) in zip(passes, points):  # (not ``groups``: the whole batch, below)
             step = statistics.median(t[0] for t in timings)
-            prompt = statistics.mean(t[2][n] for t in timings for n in (short, long_))
-            decode_points.append({"batch": running * G, "context": prompt + (short + long_) / 2, "step_s": step})
+            mean_prompt = statistics.mean(t[2][n] for t in timings for n in (short, long_))
+            decode_points.append({"batch": running * G, "context": mean_prompt + (short + long_) / 2, "step_s": step})
             if short == points[0][1][0]:
                 short_prompt = statistics.mean(t[2][short] for t in timings)
                 prefill_points.append({"tokens": short_prompt * running * G,
