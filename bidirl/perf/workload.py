@@ -36,18 +36,24 @@ class Workload:
     def group_lengths(self, draws: "GroupDraws", group: int, step: int, steps: int) -> List[int]:
         """Lengths of prompt group ``group``'s samples when it is generated at ``step``: fixed standard
         normal draws per group, scaled by this workload (and its drift at ``step``)."""
-        z_prompt, z_samples = draws.draws(group)
+        return self.groups_lengths(draws, group, 1, step, steps)[0]
+
+    def groups_lengths(self, draws: "GroupDraws", first: int, count: int, step: int, steps: int) -> List[List[int]]:
+        """``group_lengths`` of the ``count`` groups from ``first`` on, all generated at ``step`` (a chunk)."""
         mean = self.mean_at(step, steps)
         if self.empirical:
-            return self._measured_group(z_prompt, len(z_samples), mean)
-        # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2
-        prompt_mean = math.exp(math.log(mean) - self.prompt_sigma ** 2 / 2 + self.prompt_sigma * z_prompt)
-        mu = math.log(prompt_mean) - self.sample_sigma ** 2 / 2
-        # max(1, min(cap, int(exp(mu + sigma * z)))) per sample, written out: called for every group
-        # generated, twice per run (the simulation and the step bound)
-        cap, sigma, exp = self.cap, self.sample_sigma, math.exp
-        lengths = [int(exp(mu + sigma * z)) for z in z_samples]
-        return [1 if n < 1 else cap if n > cap else n for n in lengths]
+            return [self._measured_group(z_prompt, len(z_samples), mean)
+                    for z_prompt, z_samples in map(draws.draws, range(first, first + count))]
+        # log-normal with the requested mean: mu = ln(mean) - sigma^2 / 2, per prompt, then per sample
+        # max(1, min(cap, int(exp(mu + sigma * z)))), written out: called for every group generated
+        prompt_mu, prompt_sigma = math.log(mean) - self.prompt_sigma ** 2 / 2, self.prompt_sigma
+        half_variance, cap, sigma, exp, log = self.sample_sigma ** 2 / 2, self.cap, self.sample_sigma, math.exp, math.log
+        groups = []
+        for z_prompt, z_samples in map(draws.draws, range(first, first + count)):
+            mu = log(exp(prompt_mu + prompt_sigma * z_prompt)) - half_variance
+            lengths = [int(exp(mu + sigma * z)) for z in z_samples]
+            groups.append([1 if n < 1 else cap if n > cap else n for n in lengths])
+        return groups
 
     def mean_at(self, step: int, steps: int) -> float:
         """The mean response length (before the cap) of groups generated at ``step``: drift grows it."""

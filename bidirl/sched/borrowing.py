@@ -132,6 +132,8 @@ class VerlDynamicPolicy(AsyncPolicy):
         return self.next_batch_open(cluster) == 0 or cluster.batch_ready() or cluster.stream_ready()
 
     def end_trainer_leases(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        if not cluster.serving[(Role.ROLLOUT, Role.TRAIN)]:  # no trainer is lent (most events): O(1)
+            return
         for d in cluster.lent_to(Role.ROLLOUT):
             if d.idle and not d.after_work and self.lease_over(cluster):
                 issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "lease ends: batch complete"))
@@ -341,7 +343,7 @@ class BidirlPolicy(VerlDynamicPolicy):
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
         join it) or its batch is ready."""
-        if not (cluster.accepting_joins or self.step_can_start(cluster)):
+        if not (cluster.accepting_joins or self.step_can_start(cluster)) or not cluster.idle_sets[Role.ROLLOUT]:
             return
         blocked = [d for d in cluster.idle(Role.ROLLOUT)
                    if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version

@@ -435,18 +435,19 @@ class Cluster:
         overdue ones are among them) with deadlines, else in the order they finished."""
         if self.deadlines:
             self.completed.sort(key=lambda entry: (entry[2], entry[0]))
-        parts, taken = [], need
+        parts, taken, used, completed, by_version = [], need, 0, self.completed, self.completed_by_version
         while need:
-            entry = self.completed[0]
+            entry = completed[used]
             take = min(need, entry[1])
             parts.append((entry[0], take))
-            self.completed_by_version[entry[2]] -= take
-            if not self.completed_by_version[entry[2]]:
-                del self.completed_by_version[entry[2]]
+            by_version[entry[2]] -= take
+            if not by_version[entry[2]]:
+                del by_version[entry[2]]
             entry[1] -= take
             need -= take
             if entry[1] == 0:
-                self.completed.pop(0)
+                used += 1
+        del completed[:used]  # (the entries taken whole, at once: not one pop from the front each)
         self.batch_parts[k] = parts
         self.completed_groups -= taken
         return parts

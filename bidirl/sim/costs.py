@@ -76,14 +76,15 @@ class CalibratedCosts:
     def lengths(self, chunk: Chunk) -> List[int]:
         lengths: List[int] = []
         mean = self.workload.mean_at(chunk.version, self.steps)  # (one version per chunk)
-        for i, group in enumerate(range(chunk.first, chunk.first + chunk.groups)):
-            # fixed draws per prompt group (common random numbers): policies are compared on one
-            # workload, not on different draws of it
-            mine = self.workload.group_lengths(self.draws, group, chunk.version, self.steps)
-            self.drawn.record(group, mean, mine)
-            self.group_tokens[(chunk.index, i)] = sum(mine) + self.workload.prompt_tokens * len(mine)
+        # fixed draws per prompt group (common random numbers): policies are compared on one workload,
+        # not on different draws of it
+        groups = self.workload.groups_lengths(self.draws, chunk.first, chunk.groups, chunk.version, self.steps)
+        prompt, index, record, group_tokens = self.workload.prompt_tokens, chunk.index, self.drawn.record, self.group_tokens
+        for i, mine in enumerate(groups):
+            record(chunk.first + i, mean, mine)
+            group_tokens[(index, i)] = sum(mine) + prompt * len(mine)
             lengths += mine
-        self.chunk_tokens[chunk.index] = sum(lengths) + self.workload.prompt_tokens * len(lengths)
+        self.chunk_tokens[index] = sum(lengths) + prompt * len(lengths)
         self.finished[chunk.index] = deque()
         return lengths
 

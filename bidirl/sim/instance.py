@@ -61,21 +61,22 @@ class Instance:
         """Decode up to ``now``, finishing sequences (and completing groups) on the way.
 
         (The simulator's innermost loop: attributes it reads on every segment are held in locals, and
-        the decode step is ``step_time`` written out -- the same arithmetic, in the same order.)"""
-        t = max(self.clock, self.paused_until)
+        ``max`` and the decode step, ``step_time``, are written out -- the same arithmetic, in the same
+        order.)"""
+        t = self.clock if self.clock >= self.paused_until else self.paused_until
         running = self.running  # (the same list: ``_join_waiting`` inserts into it in place)
-        step_a, step_b, slowdown, left = self.step_a, self.step_b, self.slowdown, self.left
+        step_a, step_b, slowdown, left, done = self.step_a, self.step_b, self.slowdown, self.left, self.done
+        busy, progress = self.busy_s, self.progress
         while t < now and running:
             finish = running[0][0]
             step = (step_a + step_b * len(running)) * slowdown  # step_time(len(running))
-            progress = self.progress
-            reach = t + max(0.0, finish - progress) * step
+            reach = t + (finish - progress) * step if finish > progress else t + 0.0
             if reach > now:
-                self.progress = progress + (now - t) / step
-                self.busy_s += now - t
+                progress = self.progress = progress + (now - t) / step
+                busy += now - t
                 t = now
                 break
-            self.busy_s += reach - t
+            busy += reach - t
             t = reach
             if finish > progress:  # progress = max(progress, finish)
                 progress = self.progress = finish
@@ -83,15 +84,19 @@ class Instance:
             ended = bisect.bisect_right(running, (progress + 1e-9, math.inf))
             for entry in running[:ended]:
                 group = entry[2]  # one sequence fewer left; its group is done with the last
-                left[group] -= 1
-                if left[group] == 0:
+                if left[group] == 1:
                     del left[group]
-                    self.done.append(group)
+                    done.append(group)
+                else:
+                    left[group] -= 1
             del running[:ended]
             if self.waiting:
                 self._join_waiting(t)
-                t = max(t, self.paused_until)
-        self.clock = max(self.clock, now)
+                if self.paused_until > t:
+                    t = self.paused_until
+        self.busy_s = busy
+        if now > self.clock:
+            self.clock = now
 
     def _join_waiting(self, now: float) -> None:
         """Waiting sequences join the decode batch, oldest first, while the KV cache has room."""
@@ -99,10 +104,15 @@ class Instance:
         joined = min(len(waiting), self.capacity - len(running))
         if joined <= 0:
             return
-        joining = [waiting.popleft() for _ in range(joined)]  # (a continued request generated ``done`` elsewhere)
+        if joined == len(waiting):
+            joining = list(waiting)
+            waiting.clear()
+        else:
+            joining = [waiting.popleft() for _ in range(joined)]  # (a continued request generated ``done`` elsewhere)
         # appended, then sorted once: the sequence numbers make every entry distinct, so the order is the
-        # one inserting them one by one would give
-        running.extend([(progress + length, next(self.seq), group, progress - done) for length, group, done in joining])
+        # one inserting them one by one would give (``joining`` first: zip draws no number past its end)
+        running.extend([(progress + length, number, group, progress - done)
+                        for (length, group, done), number in zip(joining, self.seq)])
         running.sort()
         generated = 0.0
         for _, _, done in joining:
@@ -114,11 +124,24 @@ class Instance:
         """Sequences of ``chunk``: ``group_size`` consecutive lengths form a group (0: the chunk is one group)."""
         self._advance(now)
         size = group_size or len(lengths) or 1  # (or 1: an empty chunk has no group)
-        for first in range(0, len(lengths), size):  # one group's sequences at a time
-            group, mine = (chunk, first // size), lengths[first:first + size]
-            self.left[group] = self.left.get(group, 0) + len(mine)
-            self.waiting.extend((length, group, 0.0) for length in mine)
-        self._join_waiting(now)
+        left, waiting, running = self.left, self.waiting, self.running
+        groups = [((chunk, first // size), lengths[first:first + size]) for first in range(0, len(lengths), size)]
+        for group, mine in groups:
+            left[group] = left.get(group, 0) + len(mine)
+        if lengths and not waiting and len(running) + len(lengths) <= self.capacity:
+            # every sequence joins at once: what queueing them for ``_join_waiting`` gives, without the queue
+            # (the same entries, numbers and order; nothing generated before, so no tokens to re-prefill)
+            progress, number = self.progress, self.seq
+            for group, mine in groups:
+                running.extend([(progress + length, n, group, progress) for length, n in zip(mine, number)])
+            running.sort()
+            generated = 0.0  # (as _join_waiting sums it: the same arithmetic)
+            self.paused_until = (max(now, self.paused_until) + len(lengths) * self.prefill
+                                 + generated * self.recompute_per_token)
+        else:
+            for group, mine in groups:
+                waiting.extend((length, group, 0.0) for length in mine)
+            self._join_waiting(now)
         self.epoch += 1
 
     def groups_in_flight(self, now: float) -> List[Group]:
@@ -163,19 +186,26 @@ class Instance:
 
     def next_finish(self) -> Optional[float]:
         """When the next group completes (or the next sequence, while sequences wait for KV space)."""
-        if not self.running:
+        running = self.running
+        if not running:
             return None
-        t, progress, running = max(self.clock, self.paused_until), self.progress, len(self.running)
-        step_a, step_b, slowdown, left, waiting = self.step_a, self.step_b, self.slowdown, self.left, self.waiting
+        # (called after every event that touched this instance: ``max`` and the step time written out)
+        t = self.clock if self.clock >= self.paused_until else self.paused_until
+        progress, n = self.progress, len(running)
+        step_a, step_b, slowdown = self.step_a, self.step_b, self.slowdown
+        if self.waiting:  # the first sequence to finish frees room for a waiting one
+            finish = running[0][0]
+            return t + (finish - progress) * ((step_a + step_b * n) * slowdown) if finish > progress else t
+        left = self.left
         remaining: Dict[Group, int] = {}
-        for finish, _, group, _ in self.running:
-            t += max(0.0, finish - progress) * ((step_a + step_b * running) * slowdown)  # step_time(running)
-            if finish > progress:  # progress = max(progress, finish)
+        for finish, _, group, _ in running:
+            if finish > progress:  # t += max(0, finish - progress) * step_time(n); progress = max(progress, finish)
+                t += (finish - progress) * ((step_a + step_b * n) * slowdown)
                 progress = finish
-            running -= 1
+            n -= 1
             mine = remaining.get(group)
             mine = (left[group] if mine is None else mine) - 1
-            if mine == 0 or waiting:
+            if mine == 0:
                 return t
             remaining[group] = mine
         return t
