@@ -51,8 +51,7 @@ class Workload:
         groups = []
         for z_prompt, z_samples in map(draws.draws, range(first, first + count)):
             mu = log(exp(prompt_mu + prompt_sigma * z_prompt)) - half_variance
-            lengths = [int(exp(mu + sigma * z)) for z in z_samples]
-            groups.append([1 if n < 1 else cap if n > cap else n for n in lengths])
+            groups.append([1 if (n := int(exp(mu + sigma * z))) < 1 else cap if n > cap else n for z in z_samples])
         return groups
 
     def mean_at(self, step: int, steps: int) -> float:

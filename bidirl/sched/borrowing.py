@@ -288,10 +288,10 @@ class BidirlPolicy(VerlDynamicPolicy):
         if not self.migrating(cluster) or not self.any_admissible_next(cluster):
             return
         holders = self.tail_holders(cluster)
-        # (a lent trainer the next step could use goes home instead)
-        takers = [] if self.step_can_start(cluster) else self.lent_to_rollout(cluster)
         if not holders or all(self.admissible_next(cluster, d) <= 0 for d in holders):
             return
+        # (a lent trainer the next step could use goes home instead)
+        takers = [] if self.step_can_start(cluster) else self.lent_to_rollout(cluster)
         can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
         if not takers and (len(holders) < 2 or not can_take):
             return

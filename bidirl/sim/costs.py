@@ -39,6 +39,16 @@ class DrawnGroups:
             self.generated.append(sum(lengths))
             self.longest.append(max(lengths))
 
+    def record_all(self, first: int, mean: float, groups: List[List[int]]) -> None:
+        """``record`` of ``groups``, numbered from ``first`` on."""
+        if first == len(self.mean):
+            self.mean.extend([mean] * len(groups))
+            self.generated.extend(map(sum, groups))
+            self.longest.extend(map(max, groups))
+        else:
+            for i, lengths in enumerate(groups):
+                self.record(first + i, mean, lengths)
+
     def get(self, group: int, mean: float) -> Optional[Tuple[int, int]]:
         """(generated tokens, longest sequence) of ``group`` if it was drawn at ``mean``."""
         if group < len(self.mean) and self.mean[group] == mean:
@@ -79,9 +89,9 @@ class CalibratedCosts:
         # fixed draws per prompt group (common random numbers): policies are compared on one workload,
         # not on different draws of it
         groups = self.workload.groups_lengths(self.draws, chunk.first, chunk.groups, chunk.version, self.steps)
-        prompt, index, record, group_tokens = self.workload.prompt_tokens, chunk.index, self.drawn.record, self.group_tokens
+        self.drawn.record_all(chunk.first, mean, groups)
+        prompt, index, group_tokens = self.workload.prompt_tokens, chunk.index, self.group_tokens
         for i, mine in enumerate(groups):
-            record(chunk.first + i, mean, mine)
             group_tokens[(index, i)] = sum(mine) + prompt * len(mine)
             lengths += mine
         self.chunk_tokens[index] = sum(lengths) + prompt * len(lengths)

@@ -80,8 +80,10 @@ class Instance:
             t = reach
             if finish > progress:  # progress = max(progress, finish)
                 progress = self.progress = finish
-            # every sequence finishing by now: the sorted list's first ``ended`` entries
-            ended = bisect.bisect_right(running, (progress + 1e-9, math.inf))
+            # every sequence finishing by now: the sorted list's first ``ended`` entries (mostly one, found
+            # without the search)
+            limit = progress + 1e-9
+            ended = bisect.bisect_right(running, (limit, math.inf)) if len(running) > 1 and running[1][0] <= limit else 1
             for entry in running[:ended]:
                 group = entry[2]  # one sequence fewer left; its group is done with the last
                 if left[group] == 1:
@@ -131,9 +133,11 @@ class Instance:
         if lengths and not waiting and len(running) + len(lengths) <= self.capacity:
             # every sequence joins at once: what queueing them for ``_join_waiting`` gives, without the queue
             # (the same entries, numbers and order; nothing generated before, so no tokens to re-prefill)
-            progress, number = self.progress, self.seq
+            progress, of_sequence = self.progress, []
             for group, mine in groups:
-                running.extend([(progress + length, n, group, progress) for length, n in zip(mine, number)])
+                of_sequence += [group] * len(mine)
+            # (``lengths`` first: zip draws no sequence number past its end)
+            running += [(progress + length, n, group, progress) for length, group, n in zip(lengths, of_sequence, self.seq)]
             running.sort()
             generated = 0.0  # (as _join_waiting sums it: the same arithmetic)
             self.paused_until = (max(now, self.paused_until) + len(lengths) * self.prefill
