@@ -90,12 +90,16 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_simulate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.helpers import helper_processes, warm_up
     from bidirl.planner import planned_configs, replanners
+    from bidirl.plots import import_plotting
     from bidirl.sim.report import simulate_policies
 
     policies = list(cfg.sim.policies)
-    planned = planned_configs(cfg, policies)
-    results = simulate_policies(cfg, policies, run.path, planned, replanners(cfg, policies, planned))
+    with helper_processes():  # the planner's candidates and the plots on the other core
+        planned = planned_configs(cfg, policies)
+        warm_up(import_plotting)
+        results = simulate_policies(cfg, policies, run.path, planned, replanners(cfg, policies, planned))
     state["summary"]["simulate"] = [r.row() for r in results]
 
 
@@ -115,10 +119,12 @@ def stage_profile(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     """Choose the partition for launch.mode; later stages run with it (cluster.rollout_devices)."""
+    from bidirl.helpers import helper_processes
     from bidirl.planner import plan, planned_config, print_plan, write_plan
 
     try:
-        result = plan(cfg)
+        with helper_processes():  # candidates on the other core (none once torch is loaded: a live run's)
+            result = plan(cfg)
     except (ValueError, RuntimeError) as exc:
         raise BidirlError(f"plan: {exc}") from None
     path = write_plan(result, run.path)

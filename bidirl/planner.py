@@ -45,6 +45,7 @@ by cause, the top alternatives and a one-line reason); :func:`load_plan` validat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -54,6 +55,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from bidirl.config import INSTANCE_SIZES, PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
+from bidirl.helpers import map_in_helpers
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.memory import DeviceBudget
 from bidirl.perf.workload import Workload
@@ -193,13 +195,16 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     balance = k * balanced_split(devices // k, est, cfg.train.prompts_per_step)  # preflight: 2 units or more
     scored: Dict[int, Candidate] = {}
 
-    def score(units: int) -> float:  # the search runs over whole instances
-        x = units * k
-        if x not in scored:
-            scored[x] = candidate(short, policy, x, workload, driver)
-        return scored[x].samples_per_s
+    def score_all(units: List[int]) -> None:  # the search runs over whole instances
+        todo = [x * k for x in units if x * k not in scored]  # (in helper processes where there are any)
+        scored.update(zip(todo, map_in_helpers(functools.partial(candidate, short, policy, workload=workload,
+                                                                  driver=driver), todo)))
 
-    search([x // k for x in legal], balance // k, score)
+    def score(units: int) -> float:
+        score_all([units])
+        return scored[units * k].samples_per_s
+
+    search([x // k for x in legal], balance // k, score, score_all)
     top = max(c.samples_per_s for c in scored.values())
     ties = [c for c in scored.values() if c.samples_per_s >= (1 - TIE) * top]
     chosen = min(ties, key=lambda c: (abs(c.rollout_devices - balance), -c.samples_per_s))
@@ -348,10 +353,13 @@ def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: 
                  small.simulated_splits, start)
 
 
-def search(legal: List[int], balance: int, score: Callable[[int], float]) -> int:
-    """The best of ``legal`` splits by ``score``: a coarse grid, then bisection around its best point."""
+def search(legal: List[int], balance: int, score: Callable[[int], float],
+           score_all: Callable[[List[int]], None] = lambda splits: None) -> int:
+    """The best of ``legal`` splits by ``score``: a coarse grid, then bisection around its best point.
+    ``score_all`` is told each round's splits before they are scored one by one (to score them at once)."""
     step = max(1, len(legal) // GRID)
     grid = sorted({*legal[::step], legal[-1], min(legal, key=lambda x: abs(x - balance))})
+    score_all(grid)
     best = max(grid, key=score)
     # the bracket is one grid step either side (the balance point, also scored, does not narrow it: on a
     # noisy plateau the best split can lie beyond it)
@@ -364,6 +372,7 @@ def search(legal: List[int], balance: int, score: Callable[[int], float]) -> int
         if not probes:
             return best
         seen = (lo, hi, best, *probes)
+        score_all(probes)
         best = max((best, *probes), key=score)
         lo = max(x for x in seen if x < best) if best > lo else lo
         hi = min(x for x in seen if x > best) if best < hi else hi

@@ -24,7 +24,8 @@ LAYERS = [
     ("data/prompts", ["bidirl.data", "bidirl.prompts", "bidirl.evaluate"]),
     ("config", ["bidirl.config"]),
     ("sched/grpo/reward", ["bidirl.sched", "bidirl.perf", "bidirl.grpo", "bidirl.reward", "bidirl.samples",
-                           "bidirl.errors", "bidirl.ui", "bidirl.runtime_env", "=bidirl.engines", "=bidirl"]),
+                           "bidirl.errors", "bidirl.ui", "bidirl.runtime_env", "bidirl.helpers", "=bidirl.engines",
+                           "=bidirl"]),
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
+from bidirl.helpers import in_background
 from bidirl.sched.policy import policy_names
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
@@ -79,18 +80,23 @@ def breakdown_cell(parts) -> str:
 
 
 def write_outputs(results: List[SimResult], out: Path) -> Dict[str, str]:
+    """results.json, each policy's trace and Gantt chart, and the throughput bar chart; the charts are
+    drawn in helper processes where the command has them (:mod:`bidirl.helpers`), meanwhile the traces
+    are written here."""
     from bidirl.plots import plot_bars, plot_gantt
 
     out.mkdir(parents=True, exist_ok=True)
+    plots = {f"gantt-{r.policy}": in_background(plot_gantt, r.cluster.trace, r.makespan_s, out / f"gantt-{r.policy}.png",
+                                                f"{r.policy}: {r.samples_per_s:.2f} samples/s")
+             for r in results if r.cluster is not None}
+    plots["throughput"] = in_background(plot_bars, [r.policy for r in results], [r.samples_per_s for r in results],
+                                        out / "throughput.png", "simulated samples/s")
     files = {"results": str(out / "results.json")}
     (out / "results.json").write_text(json.dumps([r.row() for r in results], indent=2))
     for r in results:
         if r.cluster is not None:
             with open(out / f"trace-{r.policy}.jsonl", "w") as trace:
                 trace.writelines(json.dumps(record) + "\n" for record in r.cluster.trace)
-            files[f"gantt-{r.policy}"] = str(plot_gantt(r.cluster.trace, r.makespan_s, out / f"gantt-{r.policy}.png",
-                                                        f"{r.policy}: {r.samples_per_s:.2f} samples/s"))
-    files["throughput"] = str(plot_bars([r.policy for r in results], [r.samples_per_s for r in results],
-                                        out / "throughput.png", "simulated samples/s"))
+    files.update({name: str(plot.result()) for name, plot in plots.items()})
     say(f"wrote {out}")
     return files

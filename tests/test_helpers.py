@@ -1,0 +1,58 @@
+"""Helper processes: the planner's candidates and the plots on another core, with the same results."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bidirl.helpers import helper_processes, in_background, map_in_helpers
+
+# run in a fresh interpreter: helpers are never forked from a process with torch loaded, and the test
+# suite's own process usually has it
+PLAN_BOTH_WAYS = """
+import json, sys
+from bidirl.config import load_config
+from bidirl.helpers import helper_processes, map_in_helpers
+from bidirl.planner import plan
+
+cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=12", "train.prompts_per_step=48", "rollout.group_size=4",
+                                                "train.steps=8", "launch.chunk_groups=4"])
+alone = plan(cfg, "bidirl")
+with helper_processes() as workers:
+    helped = plan(cfg, "bidirl")
+    try:
+        map_in_helpers(int, ["1", "not a number"])
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    loaded_torch = "torch" in sys.modules
+print(json.dumps({"workers": workers, "error": error, "torch": loaded_torch,
+                  "plans": [[p.rollout_devices, p.alternatives, p.simulated_splits] for p in (alone, helped)]}))
+"""
+
+
+def test_the_planner_chooses_the_same_split_with_helper_processes_as_without():
+    out = subprocess.run([sys.executable, "-c", PLAN_BOTH_WAYS], capture_output=True, text=True, check=True, timeout=600)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not result["torch"]  # (the planner never needs torch)
+    cores = os.cpu_count() or 1
+    assert result["workers"] == (min(2, cores) if cores >= 2 else 0)
+    alone, helped = result["plans"]
+    assert helped == alone  # same split, same alternatives in the same order, same number of splits scored
+    assert result["error"] == "invalid literal for int() with base 10: 'not a number'"  # a helper's error reaches us
+
+
+def test_without_helpers_the_work_runs_here_in_order_and_its_errors_reach_the_caller():
+    assert map_in_helpers(lambda x: x * x, [3, 1, 2]) == [9, 1, 4]
+    assert in_background(sum, [1, 2]).result() == 3
+    with pytest.raises(ZeroDivisionError):
+        in_background(lambda: 1 / 0).result()
+
+
+def test_no_helpers_are_forked_beside_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", sys)  # as once a live run has loaded it
+    with helper_processes() as workers:
+        assert workers == 0
+        assert map_in_helpers(str, [1, 2]) == ["1", "2"]  # the work runs here instead
