@@ -19,21 +19,30 @@ from bidirl.planner import plan
 
 cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=12", "train.prompts_per_step=48", "rollout.group_size=4",
                                                 "train.steps=8", "launch.chunk_groups=4"])
-alone = plan(cfg, "bidirl")
+from bidirl.sim.report import run_policies
+
+
+def simulated(results):
+    return [{**r.row(), "sim_seconds": None, "trace": r.cluster.trace} for r in results]
+
+
+fixed = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=12", "cluster.rollout_devices=6", "train.steps=6",
+                                                 "train.prompts_per_step=48", "rollout.group_size=4"])
+alone, runs_alone = plan(cfg, "bidirl"), simulated(run_policies(fixed, ["areal", "bidirl"]))
 with helper_processes() as workers:
-    helped = plan(cfg, "bidirl")
+    helped, runs_helped = plan(cfg, "bidirl"), simulated(run_policies(fixed, ["areal", "bidirl"]))
     try:
         map_in_helpers(int, ["1", "not a number"])
         error = None
     except ValueError as exc:
         error = str(exc)
     loaded_torch = "torch" in sys.modules
-print(json.dumps({"workers": workers, "error": error, "torch": loaded_torch,
+print(json.dumps({"workers": workers, "error": error, "torch": loaded_torch, "same_runs": runs_helped == runs_alone,
                   "plans": [[p.rollout_devices, p.alternatives, p.simulated_splits] for p in (alone, helped)]}))
 """
 
 
-def test_the_planner_chooses_the_same_split_with_helper_processes_as_without():
+def test_the_planner_and_the_policies_simulate_alike_with_helper_processes_and_without():
     out = subprocess.run([sys.executable, "-c", PLAN_BOTH_WAYS], capture_output=True, text=True, check=True, timeout=600)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert not result["torch"]  # (the planner never needs torch)
@@ -41,6 +50,7 @@ def test_the_planner_chooses_the_same_split_with_helper_processes_as_without():
     assert result["workers"] == (min(2, cores) if cores >= 2 else 0)
     alone, helped = result["plans"]
     assert helped == alone  # same split, same alternatives in the same order, same number of splits scored
+    assert result["same_runs"]  # each policy simulated in a helper: the same rows and traces, in the order asked
     assert result["error"] == "invalid literal for int() with base 10: 'not a number'"  # a helper's error reaches us
 
 

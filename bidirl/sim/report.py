@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.helpers import in_background
+from bidirl.helpers import in_background, map_in_helpers
 from bidirl.sched.policy import policy_names
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
@@ -38,13 +39,19 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional
     BidirlError."""
     check_policies(policies)
     planned, replanners = planned or {}, replanners or {}
+    configs = [(planned.get(name, cfg), name) for name in policies]
     try:
-        results = [simulate(planned.get(name, cfg), name, keep_trace=cfg.sim.gantt,
-                            replan=replanners.get(name), replan_every=cfg.cluster.replan_every)
-                   for name in policies]
+        if replanners:  # (a replanner is a closure: it runs here)
+            return [simulate(one, name, keep_trace=cfg.sim.gantt, replan=replanners.get(name),
+                             replan_every=cfg.cluster.replan_every) for one, name in configs]
+        # each policy is a simulation of its own: in the helper processes where the command has them
+        return map_in_helpers(functools.partial(_simulate, keep_trace=cfg.sim.gantt), configs)
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
         raise BidirlError(f"simulate: {exc}") from None
-    return results
+
+
+def _simulate(config_and_policy, keep_trace: bool) -> SimResult:
+    return simulate(*config_and_policy, keep_trace=keep_trace)
 
 
 def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
