@@ -67,6 +67,8 @@ CASES = {
                                  "launch.mode=async"], "rollout"),
     "fractional staleness": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5"],
                              "staleness"),
+    "two pools on one device": (["simulate", "pipelines/sim-32gpu.yaml", "cluster.devices=1", "--policies", "bidirl"],
+                                "needs 2 devices or more"),
     "odd instance size": (["simulate", "pipelines/sim-32gpu.yaml", "cluster.instance_devices=3"],
                           "cluster.instance_devices"),
     # models and data

@@ -85,6 +85,9 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
     if replanner is not NO_REPLANNING and not driver.rehomes:
         raise ValueError("this driver cannot move a device to another home pool at run time (Rehome)")
     policy = build_policy(policy_name, estimates, shape.batch_groups, replanner)
+    if shape.devices < 2 and not policy.synchronous:  # (before the default split is asked of one device)
+        raise ValueError(f"policy '{policy.label}' runs a rollout pool and a train pool: it needs 2 devices or more "
+                         f"(whole instances where cluster.instance_devices > 1), got {shape.devices}")
     homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
     eta = policy.effective_eta(shape.staleness)
     check_staleness(eta, policy.deadlines)
