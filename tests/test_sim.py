@@ -57,6 +57,17 @@ def test_an_instance_slowed_down_for_a_while_decodes_slower_for_exactly_that_whi
     assert drain(instance) == [(0, 0)] and instance.clock == pytest.approx(1.25)  # the last 25 alone again
 
 
+def test_groups_finished_by_a_change_of_speed_at_their_instant_are_reported_then_not_lost():
+    # (a neighbour stops decoding at the instant this instance's last group ends, and its speed change is
+    # handled first: the tick for that instant is stale; the simulation used to stall with the group unreported)
+    instance = Instance(step_a=0.01, step_b=0.0, capacity=100, prefill_s_per_seq=0.0)
+    instance.admit(0.0, chunk=0, lengths=[5, 5], group_size=2)
+    end = instance.next_finish()
+    assert instance.slow_down(end, 1.5)
+    assert instance.next_finish() == end  # due at once, though nothing is left to decode
+    assert instance.finish_due(end) == [(0, 0)] and instance.next_finish() is None
+
+
 def test_a_group_completes_when_its_own_last_sequence_ends_not_when_its_chunk_does():
     instance = Instance(step_a=0.01, step_b=0.0, capacity=100, prefill_s_per_seq=0.0)
     instance.admit(0.0, chunk=7, lengths=[5, 5, 50, 50], group_size=2)  # two groups of two

@@ -80,18 +80,22 @@ class Instance:
             t = reach
             if finish > progress:  # progress = max(progress, finish)
                 progress = self.progress = finish
-            # every sequence finishing by now: the sorted list's first ``ended`` entries (mostly one, found
-            # without the search)
+            # every sequence finishing by now: the sorted list's first entries -- mostly one, taken without
+            # the search
             limit = progress + 1e-9
-            ended = bisect.bisect_right(running, (limit, math.inf)) if len(running) > 1 and running[1][0] <= limit else 1
-            for entry in running[:ended]:
+            if len(running) > 1 and running[1][0] <= limit:
+                ended = bisect.bisect_right(running, (limit, math.inf))
+                finished = running[:ended]
+                del running[:ended]
+            else:
+                finished = (running.pop(0),)
+            for entry in finished:
                 group = entry[2]  # one sequence fewer left; its group is done with the last
                 if left[group] == 1:
                     del left[group]
                     done.append(group)
                 else:
                     left[group] -= 1
-            del running[:ended]
             if self.waiting:
                 self._join_waiting(t)
                 if self.paused_until > t:
@@ -189,7 +193,11 @@ class Instance:
         self.epoch += 1
 
     def next_finish(self) -> Optional[float]:
-        """When the next group completes (or the next sequence, while sequences wait for KV space)."""
+        """When the next group completes (or the next sequence, while sequences wait for KV space); now, if
+        groups completed and were not reported yet (an advance other than the tick's -- a change of speed,
+        an admission, a move -- reached the instant they finished, and the tick for it is stale)."""
+        if self.done:
+            return self.clock
         running = self.running
         if not running:
             return None
