@@ -1,6 +1,7 @@
 """The simulator: continuous-batching instances, determinism, invariants under every policy, the CLI."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,16 @@ def test_groups_finished_by_a_change_of_speed_at_their_instant_are_reported_then
     assert instance.slow_down(end, 1.5)
     assert instance.next_finish() == end  # due at once, though nothing is left to decode
     assert instance.finish_due(end) == [(0, 0)] and instance.next_finish() is None
+
+
+def test_a_finish_closer_to_the_clock_than_its_rounding_step_completes_at_the_clock_not_never():
+    # (its tick comes at the clock itself; an advance that only ran while the clock was behind made no
+    # progress there, and the simulation ticked at that instant until its event limit)
+    instance = Instance(step_a=0.1, step_b=0.0, capacity=10, prefill_s_per_seq=0.0)
+    instance.admit(1e6, chunk=0, lengths=[1])
+    instance.slow_down(math.nextafter(instance.next_finish(), 0.0), 0.4)  # one rounding step before it ends
+    assert instance.next_finish() == instance.clock
+    assert instance.finish_due(instance.clock) == [(0, 0)] and instance.next_finish() is None
 
 
 def test_a_group_completes_when_its_own_last_sequence_ends_not_when_its_chunk_does():

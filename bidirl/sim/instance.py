@@ -67,7 +67,8 @@ class Instance:
         running = self.running  # (the same list: ``_join_waiting`` inserts into it in place)
         step_a, step_b, slowdown, left, done = self.step_a, self.step_b, self.slowdown, self.left, self.done
         busy, progress = self.busy_s, self.progress
-        while t < now and running:
+        # (``<=``: a finish less than one rounding step after the clock is due now, and its tick is at now)
+        while t <= now and running:
             finish = running[0][0]
             step = (step_a + step_b * len(running)) * slowdown  # step_time(len(running))
             reach = t + (finish - progress) * step if finish > progress else t + 0.0

@@ -302,6 +302,10 @@ class Simulator:
                 self.set_speeds(now)
             self.reschedule_ticks()
         if not self.cluster.finished:
+            if self.heap:  # (the events ran out of budget, not out of work)
+                raise RuntimeError(f"simulation stopped after {self.max_events} events at t={self.cluster.now:.3f}, "
+                                   f"version {self.cluster.version}/{self.cluster.steps}: events kept coming "
+                                   "without the run finishing")
             raise RuntimeError(f"simulation stalled at t={self.cluster.now:.3f} after version "
                                f"{self.cluster.version}/{self.cluster.steps}: the policy started nothing")
         return self.cluster
