@@ -331,7 +331,8 @@ def test_a_fractional_staleness_bound_is_refused_by_version_bounded_policies_bef
 def test_an_impossible_partition_is_one_line_before_any_process_starts(tmp_path):
     result = launch(tmp_path, "cluster.devices=1", "launch.mode=async")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: policy 'async' needs 1..0 rollout devices")
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: policy 'async' runs a rollout pool and a train pool: it needs 2 devices or more")
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
 
 
