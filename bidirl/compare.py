@@ -184,16 +184,14 @@ def live_row(name: str, folder: Path) -> Row:
 
 # ---- simulated -----------------------------------------------------------------------------------
 def compare_simulated(cfg: PipelineConfig, policies: List[str], out: Path) -> List[Row]:
-    from bidirl.helpers import helper_processes, warm_up
+    from bidirl.helpers import helper_processes
     from bidirl.planner import planned_configs, replanners
-    from bidirl.plots import import_plotting
     from bidirl.sim.report import run_policies, write_outputs
 
     say(f"compare: simulated ({cfg.cluster.devices} x {cfg.sim.hardware}, sim.model={cfg.sim.model}): the "
         "pipeline's cluster is not this machine")
     with helper_processes():  # the planner's candidates and the plots on the other core
         planned = planned_configs(cfg, policies)  # each policy at the planner's split for it
-        warm_up(import_plotting)
         results = run_policies(cfg, policies, planned, replanners(cfg, policies, planned))
         write_outputs(results, out / "compare")
     return [Row(name, label_of(name), "simulated", r.split if r.rollout_devices else f"colocated x{r.devices}",

@@ -90,15 +90,13 @@ def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_simulate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    from bidirl.helpers import helper_processes, warm_up
+    from bidirl.helpers import helper_processes
     from bidirl.planner import planned_configs, replanners
-    from bidirl.plots import import_plotting
     from bidirl.sim.report import simulate_policies
 
     policies = list(cfg.sim.policies)
     with helper_processes():  # the planner's candidates and the plots on the other core
         planned = planned_configs(cfg, policies)
-        warm_up(import_plotting)
         results = simulate_policies(cfg, policies, run.path, planned, replanners(cfg, policies, planned))
     state["summary"]["simulate"] = [r.row() for r in results]
 

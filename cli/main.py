@@ -172,9 +172,8 @@ def simulate(
     """Simulate the configured cluster under each scheduling policy: table, Gantt charts, throughput chart."""
 
     def action() -> None:
-        from bidirl.helpers import helper_processes, warm_up
+        from bidirl.helpers import helper_processes
         from bidirl.planner import planned_configs, replanners
-        from bidirl.plots import import_plotting
         from bidirl.rundir import RunDir, check_output_dir
         from bidirl.sim.report import check_policies, print_table, run_policies, write_outputs
 
@@ -184,7 +183,6 @@ def simulate(
         check_output_dir(cfg)  # before minutes of simulation, not after
         with helper_processes():  # the planner's candidates and the plots on the other core
             planned = planned_configs(cfg, names)  # cluster.rollout_devices=0: each policy at the planner's split
-            warm_up(import_plotting)  # (while the simulations below run)
             # before any output exists: bad input leaves nothing behind
             results = run_policies(cfg, names, planned, replanners(cfg, names, planned))
             print_table(cfg, results)

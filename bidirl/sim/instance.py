@@ -124,7 +124,11 @@ class Instance:
         generated = 0.0
         for _, _, done in joining:
             generated += done
-        # prefill of each prompt, and a continued request's tokens too
+        self._prefill(now, joined, generated)
+
+    def _prefill(self, now: float, joined: int, generated: float) -> None:
+        """Decoding pauses while ``joined`` sequences prefill their prompts, and a continued request its
+        ``generated`` tokens too."""
         self.paused_until = max(now, self.paused_until) + joined * self.prefill + generated * self.recompute_per_token
 
     def admit(self, now: float, chunk: int, lengths: List[int], group_size: int = 0) -> None:
@@ -144,9 +148,7 @@ class Instance:
             # (``lengths`` first: zip draws no sequence number past its end)
             running += [(progress + length, n, group, progress) for length, group, n in zip(lengths, of_sequence, self.seq)]
             running.sort()
-            generated = 0.0  # (as _join_waiting sums it: the same arithmetic)
-            self.paused_until = (max(now, self.paused_until) + len(lengths) * self.prefill
-                                 + generated * self.recompute_per_token)
+            self._prefill(now, len(lengths), 0.0)
         else:
             for group, mine in groups:
                 waiting.extend((length, group, 0.0) for length in mine)

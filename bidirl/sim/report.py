@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.helpers import in_background, map_in_helpers
+from bidirl.helpers import in_background, map_in_helpers, warm_up
 from bidirl.sched.policy import policy_names
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
@@ -37,9 +37,12 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional
     planner's split and instance size filled in), else as configured, and re-planned every
     ``cluster.replan_every`` steps by ``replanners[policy]`` if given; a bad policy name or split is one
     BidirlError."""
+    from bidirl.plots import import_plotting
+
     check_policies(policies)
     planned, replanners = planned or {}, replanners or {}
     configs = [(planned.get(name, cfg), name) for name in policies]
+    warm_up(import_plotting)  # (the helpers import what the plots drawn next need while the simulations run)
     try:
         if replanners:  # (a replanner is a closure: it runs here)
             return [simulate(one, name, keep_trace=cfg.sim.gantt, replan=replanners.get(name),
