@@ -569,7 +569,8 @@ class Cluster:
         if into_step:
             self.batch_parts[self.version].append((chunk.index, into_step))
             self.reserved[chunk.version] -= into_step
-            self.reserved = +self.reserved
+            if not self.reserved[chunk.version]:  # (every count it holds stays positive: none drops below)
+                del self.reserved[chunk.version]
         if groups > into_step:
             self.completed.append([chunk.index, groups - into_step, chunk.version])
             self.completed_groups += groups - into_step
