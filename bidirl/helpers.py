@@ -31,7 +31,7 @@ def helper_processes(limit: int = 2) -> Iterator[int]:
     if _pool is not None or workers < 2 or "torch" in sys.modules:
         yield 0
         return
-    _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_yield_to_main)
+    _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_helper)
     _workers = workers
     try:
         yield workers
@@ -40,10 +40,14 @@ def helper_processes(limit: int = 2) -> Iterator[int]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _yield_to_main() -> None:
+def _start_helper() -> None:
     """A helper gives way to the main process: work ahead of time (an import) must not slow its
-    simulation, and when the main process waits for the helpers, they have the cores anyway."""
+    simulation, and when the main process waits for the helpers, they have the cores anyway. Its own
+    tasks run their helper work inline: the pool it was forked with is the main process's (a copy whose
+    threads did not survive the fork), and a task handed to it would never run."""
+    global _pool, _workers
     os.nice(5)
+    _pool, _workers = None, 0
 
 
 def map_in_helpers(fn: Callable[[Any], Any], items: Sequence[Any]) -> List[Any]:

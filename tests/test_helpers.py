@@ -14,12 +14,16 @@ from bidirl.helpers import helper_processes, in_background, map_in_helpers
 PLAN_BOTH_WAYS = """
 import json, sys
 from bidirl.config import load_config
-from bidirl.helpers import helper_processes, map_in_helpers
+from bidirl.helpers import helper_processes, in_background, map_in_helpers
 from bidirl.planner import plan
 
 cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=12", "train.prompts_per_step=48", "rollout.group_size=4",
                                                 "train.steps=8", "launch.chunk_groups=4"])
 from bidirl.sim.report import run_policies
+
+
+def nested(x):  # a task that asks for helpers itself: it gets none, and its work runs in its helper
+    return map_in_helpers(abs, [-x, x]) + [in_background(abs, -x).result()]
 
 
 def simulated(results):
@@ -37,7 +41,9 @@ with helper_processes() as workers:
     except ValueError as exc:
         error = str(exc)
     loaded_torch = "torch" in sys.modules
+    nested_results = map_in_helpers(nested, [1, 2])
 print(json.dumps({"workers": workers, "error": error, "torch": loaded_torch, "same_runs": runs_helped == runs_alone,
+                  "nested": nested_results,
                   "plans": [[p.rollout_devices, p.alternatives, p.simulated_splits] for p in (alone, helped)]}))
 """
 
@@ -52,6 +58,7 @@ def test_the_planner_and_the_policies_simulate_alike_with_helper_processes_and_w
     assert helped == alone  # same split, same alternatives in the same order, same number of splits scored
     assert result["same_runs"]  # each policy simulated in a helper: the same rows and traces, in the order asked
     assert result["error"] == "invalid literal for int() with base 10: 'not a number'"  # a helper's error reaches us
+    assert result["nested"] == [[1, 1, 1], [2, 2, 2]]  # helper work asked for inside a helper runs there, not never
 
 
 def test_without_helpers_the_work_runs_here_in_order_and_its_errors_reach_the_caller():
