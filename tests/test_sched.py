@@ -137,6 +137,14 @@ def test_count_only_admission_allows_a_fraction_of_a_batch_ahead_and_batches_str
     assert [c.index for c, _ in cluster.batch_chunks(0)] == [2, 1]
 
 
+@pytest.mark.parametrize("eta, batch, version, limit", [(0.1, 50, 3, 205), (0.1, 50, 4, 255), (0.3, 100, 1, 230)])
+def test_a_fractional_staleness_bound_admits_its_whole_window_despite_binary_rounding(eta, batch, version, limit):
+    # floor((version + eta + 1) * B): 4.1 * 50 is 204.99999999999997 in floating point, one group short
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=batch, eta=eta, steps=10, chunk_groups=4,
+                      deadlines=False)
+    assert cluster.admission_limit(version) == limit
+
+
 def test_a_fractional_staleness_bound_needs_count_only_staleness():
     with pytest.raises(ValueError, match="fractional bound needs count-only staleness"):
         Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0.5, steps=4, chunk_groups=4)
@@ -386,6 +394,22 @@ def test_a_streamed_step_does_not_start_while_a_device_could_still_start_groups_
     cluster.complete(ev.TrainDone(1))
     cluster.complete(ev.ChunkDone(0, 2, groups=1))
     assert cluster.admissible(cluster.devices[0]) == 2 and cluster.stream_plan() is None
+
+
+def test_a_borrowed_device_whose_lease_expired_goes_home_at_once_even_when_the_next_batch_is_ready():
+    # eta 1: the next batch is complete when the step ends, which used to keep the expired device lent --
+    # idle, serving train, into the next step while it still hung, its discarded gradients still held
+    policy = build_policy("async-lend")
+    cluster = Cluster(policy.homes(2, 1), batch_groups=4, eta=1, steps=4, chunk_groups=8)
+    costs = FixedCosts(generate_per_group=0.1, train_step=1.0)
+    Simulator(cluster, policy, costs, pull_samples=2, stalls={0: 100.0}, lease_timeout_s=0.5).run()
+    (expired,) = cluster.expired_leases
+    expired_at = expired[0]
+    home = next(r for r in cluster.trace if r["device"] == 0 and r["t"] >= expired_at and r["to"] == "switching")
+    assert home["t"] == pytest.approx(expired_at) and home["role"] == "rollout" and home["reason"] == "lease expired"
+    trained_again = [r["t"] for r in cluster.trace if r["device"] == 0 and r["to"] == "training" and r["t"] > expired_at]
+    assert all(t > expired_at + 90 for t in trained_again)  # not before its stall is over (it did, at +0.6 s)
+    assert cluster.trained_groups == 4 * 4 and cluster.finished
 
 
 def test_a_simulated_borrowed_device_that_hangs_loses_its_lease_and_the_others_redo_its_micro_batches():

@@ -228,12 +228,14 @@ class Cluster:
     def admission_limit(self, version: int) -> int:
         """Groups that may have been admitted in all while the newest weights anywhere are ``version``.
 
-        With u updates per sync the window is u batches: ``floor((version / u + eta + 1) * u * B)``."""
+        With u updates per sync the window is u batches: ``floor((version / u + eta + 1) * u * B)``, that
+        is ``version * B + floor((eta + 1) * u * B)`` -- computed so, and a rounding step past the floor:
+        a fractional eta is inexact in binary (1.1 * 50 is 55.000000000000007, and 4.1 * 50 is
+        204.99999999999997, which floored one group short)."""
         limit = self._limits.get(version)
         if limit is None:  # memoised: admission is asked millions of times in a 1024-device simulation
-            u = self.updates_per_sync
-            limit = self._limits[version] = min(math.floor((version / u + self.eta + 1) * u * self.B),
-                                                self.steps * self.B)
+            window = math.floor((self.eta + 1) * self.updates_per_sync * self.B + 1e-9)
+            limit = self._limits[version] = min(version * self.B + window, self.steps * self.B)
         return limit
 
     def next_chunk_size(self, limit: int = 0) -> int:

@@ -195,8 +195,12 @@ class AsyncLendPolicy(AsyncPolicy):
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         for d in cluster.devices:  # the lease ends with the step; the device loads new weights at home
-            if (d.lent and d.home is Role.ROLLOUT and d.idle and not d.after_work and cluster.training is None
-                    and not cluster.batch_ready()):
+            if not (d.lent and d.home is Role.ROLLOUT and d.idle and not d.after_work):
+                continue
+            if d.index in cluster.expired:  # at once, whatever comes next: it may still hang, and its
+                # gradients (discarded) must not reach a later step
+                issue(cluster, actions, ev.Switch(d.index, d.home, "lease expired"))
+            elif cluster.training is None and not cluster.batch_ready():
                 issue(cluster, actions, ev.Switch(d.index, d.home, "lease ends"))
         if cluster.batch_ready() and cluster.training is None:
             for d in cluster.idle(Role.ROLLOUT):
