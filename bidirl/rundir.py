@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig, to_yaml
 from bidirl.errors import BidirlError
@@ -67,16 +67,10 @@ class RunDir:
         steps (trained before a crash, then lost with it) and evaluations (the resumed run evaluates every
         snapshot again) move to ``metrics.rolled-back.jsonl``, so every step appears once; the resumed
         config goes beside the original; W&B resumes the same run."""
-        metrics = Path(path) / "metrics.jsonl"
-        kept, later = [], []
-        for line in metrics.read_text().splitlines() if metrics.exists() else []:
-            row = json.loads(line)
-            # held-out evaluations are logged after training, all of them again by the resumed run
-            (kept if row.get("step", 0) <= version and "eval_accuracy" not in row else later).append(line)
-        if later:
-            with open(metrics.with_name("metrics.rolled-back.jsonl"), "a") as out:
-                out.write("\n".join(later) + "\n")
-        _write_atomic(metrics, "".join(line + "\n" for line in kept))
+        # held-out evaluations are logged after training, all of them again by the resumed run
+        _roll_back(Path(path) / "metrics.jsonl", lambda row: row.get("step", 0) <= version and "eval_accuracy" not in row)
+        # (logging.record_batches: one line per optimizer step, step k making version k + 1)
+        _roll_back(Path(path) / "batches.jsonl", lambda row: row["step"] < version)
         return cls._reopen(cfg, Path(path), f"config.resumed-{time.strftime('%Y%m%d-%H%M%S')}.yaml", resume=True)
 
     @classmethod
@@ -203,6 +197,30 @@ def _unique(base: Path) -> Path:
     while candidate.exists():
         candidate, n = base.with_name(f"{base.name}-{n}"), n + 1
     return candidate
+
+
+def _roll_back(path: Path, keep: Callable[[dict], bool]) -> None:
+    """Rows of the JSON-lines file ``path`` that ``keep`` rejects move to ``<name>.rolled-back.jsonl``. A
+    last line cut short (the process died writing it) goes there too, as it is; a bad line before the
+    last is an error naming the file."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines()
+    kept, later = [], []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if number < len(lines):
+                raise BidirlError(f"{path}:{number}: not a JSON row; the run directory was changed by hand or is "
+                                  "damaged") from None
+            later.append(line)  # torn by a crash mid-write
+            continue
+        (kept if keep(row) else later).append(line)
+    if later:
+        with open(path.with_name(path.stem + ".rolled-back.jsonl"), "a") as out:
+            out.write("\n".join(later) + "\n")
+    _write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def _write_atomic(path: Path, text: str) -> None:

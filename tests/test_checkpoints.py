@@ -119,6 +119,28 @@ def test_a_resumed_run_directory_keeps_each_step_once_and_sets_later_rows_aside(
     assert steps == [1, 2, 3, 4, 5] and aside == [5, 6, 7]
 
 
+def test_a_row_torn_by_a_crash_and_the_batches_of_later_steps_are_set_aside_on_resume(tmp_path):
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    cfg = small_config("logging.wandb_mode=disabled")
+    run = RunDir(cfg, path=tmp_path / "run")
+    for step in range(1, 4):
+        run.log(step, reward_mean=0.1 * step)
+    run.close()
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"step": 4, "rew')  # the process died writing its last row
+    # one line per optimizer step (step k makes version k + 1), as logging.record_batches writes them
+    (tmp_path / "run" / "batches.jsonl").write_text("".join(json.dumps({"step": k}) + "\n" for k in range(4)))
+    RunDir.resumed(cfg, tmp_path / "run", version=2).close()
+    steps = [json.loads(r)["step"] for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert (tmp_path / "run" / "metrics.rolled-back.jsonl").read_text().splitlines()[-1] == '{"step": 4, "rew'
+    batches = [json.loads(r)["step"] for r in (tmp_path / "run" / "batches.jsonl").read_text().splitlines()]
+    aside = [json.loads(r)["step"] for r in (tmp_path / "run" / "batches.rolled-back.jsonl").read_text().splitlines()]
+    assert batches == [0, 1] and aside == [2, 3]  # a replay sees each step once, in order
+
+
 def test_a_resumed_run_directory_continues_its_own_wandb_run_rather_than_starting_another(tmp_path):
     from bidirl.rundir import RunDir
     from tests.builders import small_config
