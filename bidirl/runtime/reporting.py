@@ -157,7 +157,7 @@ class RunReport:
             "switches": switches, "leases": cluster.lease_summary(), "curve": curve,
             "replica_checks": self.replica_checks, "checkpoints": self.checkpoints,
             **({"resumed": self.resumed} if self.resumed else {}),
-            "steady_step_s": round(steady_step_s(cluster.version_times), 4),  # after the first few steps
+            "steady_step_s": round(steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), 4),
             "version_times": [round(t, 3) for t in cluster.version_times],
             "gantt": str(plot_gantt(cluster.trace, cluster.now, path / "gantt.png", f"{path.name}")),
         }

@@ -110,9 +110,12 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def steady_step_s(version_times: Sequence[float], warmup: int = 3) -> float:
-    """Mean step time after the first ``warmup`` versions (the pipeline filling up, engines warming
-    up), from the times each version came to exist; the plain mean for runs too short to skip any."""
+def steady_step_s(version_times: Sequence[float], warmup: int = 3, updates_per_step: int = 1) -> float:
+    """Mean step time after the first ``warmup`` steps (the pipeline filling up, engines warming up),
+    from the times each version came to exist; the plain mean for runs too short to skip any. With
+    ``updates_per_step`` u > 1 (veRL fully-async's local updates: a version per update, a step per u of
+    them) a step ends at every u-th version, as ``step_s`` counts it."""
+    version_times = version_times[updates_per_step - 1 :: updates_per_step]
     steps = len(version_times) - 1
     if steps < 1:
         return 0.0
