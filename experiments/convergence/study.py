@@ -229,11 +229,11 @@ def paired(results: dict) -> str:
 def write_report(steps: int) -> None:
     results = load_results(steps)
     sections = []
-    for index, (start, group) in enumerate(by_base_model(results)):
+    for start, group in by_base_model(results):  # (named by its start accuracy: the order can change)
         seeds = sorted({r["seed"] for rows in group.values() for r in rows})
-        suffix = "" if index == 0 else f"-base{index + 1}"
-        figure = f"figures/curves-steps{steps}{suffix}.png"
-        sections.append(f"## Base model {index + 1}: {100 * start:.1f}% held-out at start, seeds "
+        tag = f"{100 * start:.1f}".replace(".", "")  # 65.5% -> start655
+        figure = f"figures/curves-steps{steps}-start{tag}.png"
+        sections.append(f"## The base model at {100 * start:.1f}% held-out at start, seeds "
                         f"{', '.join(map(str, seeds))}\n\n{report(group)}\n\n![curves]({figure})")
         plot(group, HERE / figure)
     if results:
