@@ -179,7 +179,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),
                      costs.switches, cluster.lease_summary(), time.perf_counter() - start,
-                     cluster if keep_trace else None, steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
+                     cluster if keep_trace else None,
+                     steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
                      sum(groups for _, _, _, groups, _ in cluster.migrations))
 
 
