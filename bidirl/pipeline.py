@@ -324,7 +324,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
         first = "launch"
     if first is not None:
         stages = rerun_stages(cfg, first, only)
-        cfg, summary = restored(cfg, run_dir, first)
+        cfg, summary = restored(cfg, run_dir, first, resume)
         preflight(dataclasses.replace(cfg, stages=stages))
         run = RunDir.existing(cfg, run_dir)
         again = "resuming its launch stage" if resume else f"again from stage '{first}'{', only' if only else ''}"
@@ -369,17 +369,21 @@ def rerun_stages(cfg: PipelineConfig, first: str, only: bool) -> List[str]:
     return [first] if only else cfg.stages[cfg.stages.index(first):]
 
 
-def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str) -> Tuple[PipelineConfig, State]:
+def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
+             resume: bool = False) -> Tuple[PipelineConfig, State]:
     """What the stages before ``first`` left in ``run_dir``, as they would have handed it on: the
-    profile (``sim.profile``), the plan's split, the previous summary."""
+    profile (``sim.profile``), the plan's split, the previous summary. ``resume``: a run whose pipeline
+    process was killed (SIGKILL, a lost machine) wrote no summary; its stages' files are enough."""
     from bidirl.planner import load_plan, planned_config
 
-    if run_dir is None or not (Path(run_dir) / "summary.json").is_file():
-        raise BidirlError(f"--run-dir {run_dir}: not a run directory (no summary.json): pass one that "
+    flag = "--resume" if resume else "--run-dir"
+    killed = resume and run_dir is not None and (Path(run_dir) / "config.yaml").is_file()
+    if run_dir is None or not ((Path(run_dir) / "summary.json").is_file() or killed):
+        raise BidirlError(f"{flag} {run_dir}: not a run directory (no summary.json): pass one that "
                           "`bidirl run` wrote")
     run_dir = Path(run_dir)
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     except (OSError, ValueError) as exc:
         raise BidirlError(f"{run_dir / 'summary.json'}: not readable ({type(exc).__name__})") from None
     before = cfg.stages[: cfg.stages.index(first)]

@@ -36,9 +36,10 @@ def files(tmp: Path) -> dict:
     (torn / "checkpoints" / "v00003").mkdir(parents=True)
     (torn / "config.yaml").write_text("name: torn\n")
     (torn / "checkpoints" / "v00003" / "MANIFEST.json").write_text(json.dumps({"model.safetensors": {"bytes": 9}}))
-    done = tmp / "done-run"  # a good checkpoint at version 6
+    done = tmp / "done-run"  # a good checkpoint at version 6, of a run that finished
     (done / "checkpoints" / ".partial-v00006").mkdir(parents=True)
     (done / "config.yaml").write_text("name: done\n")
+    (done / "summary.json").write_text(json.dumps({"status": "ok"}))
     seal(done / "checkpoints" / ".partial-v00006", {"version": 6, "groups_per_step": 16}, 3)
     return {"tmp": tmp}
 
@@ -91,6 +92,8 @@ CASES = {
     "resume from a corrupt checkpoint": (["launch", TINY, "--resume", "{tmp}/torn-run"], "none of its checkpoints"),
     "resume with nothing left to train": (["launch", TINY, "--resume", "{tmp}/done-run", "train.steps=6",
                                            "train.prompts_per_step=16"], "nothing is left to train"),
+    "resume with fewer steps than trained": (["launch", TINY, "--resume", "{tmp}/done-run", "train.steps=3",
+                                              "train.prompts_per_step=16"], "nothing is left to train"),
     "resume a pipeline run without its launch": (["run", TINY, "stages=[plan,launch]", "--resume", "{tmp}/old-run"],
                                                  "old-run/launch: not a run directory"),
     # names

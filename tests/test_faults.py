@@ -221,6 +221,20 @@ def test_a_worker_lost_during_a_weight_publish_never_leaves_a_version_half_appli
         [(r["step"], r.get("fresh_logp_gap")) for r in rows]
 
 
+def test_a_process_lost_after_the_last_step_is_restarted_to_finish_the_run_not_to_fail_it(tmp_path):
+    # device 0 is killed as the final evaluation starts, in attempt 0: every step is trained and the last
+    # version's checkpoint sealed. The restart resumes at that version, trains nothing, saves the final
+    # checkpoint and evaluates every snapshot (it used to refuse: "nothing is left to train")
+    launcher = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1",
+                     env={"BIDIRL_FAULT_KILL_IN_EVALUATION": f"0:{STEPS}"})
+    output = ended(launcher, time.time() + HARD_TIMEOUT_S)
+    assert launcher.returncode == 0, output[-4000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    summary = assert_every_step_trained_exactly_once(run)
+    assert summary["resumed"]["from_version"] == STEPS and summary["final_version"] == STEPS
+    assert (run / "checkpoint" / "model.safetensors").is_file()
+
+
 @pytest.mark.slow
 def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_in_one_line_and_keeps_the_previous(tmp_path):
     # from the primary's checkpoint of v6 on, the kernel refuses its writes (EFBIG, as a full disk does)
@@ -246,6 +260,8 @@ def test_a_pipeline_run_resumed_continues_its_launch_stage_and_runs_the_stages_a
     first = subprocess.run(BIDIRL + common + ["train.steps=6"], capture_output=True, text=True, timeout=HARD_TIMEOUT_S)
     assert first.returncode == 0, first.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
+    for summary in (run / "summary.json", run / "launch" / "summary.json"):
+        summary.unlink()  # as a pipeline killed by SIGKILL after its last checkpoint leaves it: no summaries
     more = subprocess.run(BIDIRL + common + [f"train.steps={STEPS}", "--resume", str(run)], capture_output=True,
                           text=True, timeout=HARD_TIMEOUT_S)
     assert more.returncode == 0, more.stderr[-3000:]

@@ -133,13 +133,15 @@ def latest_good(run_path: Path, warn: Callable[[str], None]) -> Optional[Checkpo
     return None
 
 
-def check_compatible(checkpoint: Checkpoint, cfg: "PipelineConfig") -> None:
-    """The run ``cfg`` describes can continue from ``checkpoint``: the same batch, and steps left to train."""
+def check_compatible(checkpoint: Checkpoint, cfg: "PipelineConfig", finishing: bool = False) -> None:
+    """The run ``cfg`` describes can continue from ``checkpoint``: the same batch, and steps left to train
+    -- or, ``finishing``, none left: a checkpoint of the last version from a run that died after training
+    (in its final checkpoint or its evaluation), which resuming finishes."""
     trained = checkpoint.state["groups_per_step"]
     if trained != cfg.train.prompts_per_step:
         raise BidirlError(f"{checkpoint.path}: the checkpoint trained {trained} prompts per step, this run is "
                           f"configured for {cfg.train.prompts_per_step} (train.prompts_per_step)")
-    if checkpoint.version >= cfg.train.steps:
+    if checkpoint.version > cfg.train.steps or (checkpoint.version == cfg.train.steps and not finishing):
         raise BidirlError(f"{checkpoint.path}: the checkpoint is at version {checkpoint.version}, and train.steps="
                           f"{cfg.train.steps}: nothing is left to train (raise train.steps to continue)")
 

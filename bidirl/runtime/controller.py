@@ -203,6 +203,10 @@ class Controller:
             rl_seconds = self.report.rl_seconds()
             checkpoint = self.ask(self.cluster.primary, msg.SaveCheckpoint(str(self.report.run.path / "checkpoint")),
                                   msg.CheckpointSaved)
+            if checkpoint.error:  # the trained weights are not saved: never a run reported ok without them
+                raise Unrecoverable(f"the final checkpoint: the primary trainer could not write {checkpoint.path} "
+                                    f"({checkpoint.error}); free space or fix the run directory"
+                                    + self.resumable_from())
             curve = self.evaluate()
             summary = {**self.report.summary(self.cluster, self.policy.label, rl_seconds, curve),
                        "checkpoint": checkpoint.path, "final_version": self.cluster.version,
@@ -375,7 +379,10 @@ class Controller:
             raise Unrecoverable(f"checkpoint {checkpoints.name_of(reply.version)}: the primary trainer could not write "
                               f"{reply.path} ({reply.error}); free space or fix the run directory, then resume "
                               f"with --resume {self.report.run.path}")
-        sealed = checkpoints.seal(Path(reply.path), state, self.cfg.train.keep_checkpoints)
+        try:
+            sealed = checkpoints.seal(Path(reply.path), state, self.cfg.train.keep_checkpoints)
+        except BidirlError as exc:  # the controller's own write failed (a full disk): a restart meets it again
+            raise Unrecoverable(str(exc)) from None
         self.report.checkpoints.append({"version": reply.version, "t": round(self.report.rl_seconds(), 3),
                                         "path": str(sealed), "seconds": round(reply.seconds, 3)})
         return None
@@ -398,6 +405,14 @@ class Controller:
         self.mailbox.send(self.cluster.primary,
                           msg.SaveCheckpoint(str(checkpoints.partial_path(self.report.run.path, version))))
 
+    def resumable_from(self) -> str:
+        """The end of an error line about the final checkpoint: what a resume would start from."""
+        if not self.report.checkpoints:
+            return "; no checkpoint was sealed during the run (train.checkpoint_every), so its weights are lost"
+        last = self.report.checkpoints[-1]
+        return (f"; checkpoint {Path(last['path']).name} keeps version {last['version']}: --resume "
+                f"{self.report.run.path} continues from it")
+
     def checkpoint_state(self) -> Dict[str, Any]:
         """The controller's half of a checkpoint at the version just made. Groups admitted but not yet
         trained are not kept: a resume regenerates them with the checkpoint's weights (the stated rule;
@@ -412,7 +427,9 @@ class Controller:
 
     def resume_from(self, resume: Checkpoint, restart: int) -> None:
         state = resume.state
-        checkpoints.check_compatible(resume, self.cfg)
+        # (at the last version: the run died after training -- a restart, or --resume of a run that did not
+        # finish -- and it only has its final checkpoint and its evaluation left to do)
+        checkpoints.check_compatible(resume, self.cfg, finishing=True)
         self.cluster.resume_at(resume.version, state["staleness"])
         self.data.sampler.skip(state["drawn_groups"])
         self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),

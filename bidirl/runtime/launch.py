@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
@@ -204,9 +205,19 @@ def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
         newest = warnings[0].split("skipped: ")[-1]
         raise BidirlError(f"--resume {run_path}: none of its checkpoints verifies against its MANIFEST.json (the "
                           f"newest: {newest}); start a new run")
-    check_compatible(checkpoint, cfg)  # here, not after torchrun has started every process
+    # here, not after torchrun has started every process; a run that died after its last step (no summary
+    # that says it finished) may resume at its last version: that finishes it
+    check_compatible(checkpoint, cfg, finishing=not finished(run_path))
     for warning in warnings:
         say(warning)
+
+
+def finished(run_path: str) -> bool:
+    """Did the run in ``run_path`` end well (its summary says so)?"""
+    try:
+        return json.loads(Path(run_path, "summary.json").read_text()).get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def encode_prior(prior: Tuple[Optional[Estimates], str]) -> str:

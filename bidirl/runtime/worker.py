@@ -319,16 +319,21 @@ class Worker:
     def evaluate(self, command: msg.EvaluateSnapshots) -> msg.Evaluated:
         from bidirl.runtime.evaluation import evaluate_snapshots
 
+        self.die_if_told("BIDIRL_FAULT_KILL_IN_EVALUATION", self.cfg.train.steps)  # (after the last step)
         with self.doing(S.EVALUATING, f"{len(command.snapshots)} snapshots"):
             results = evaluate_snapshots(self.cfg, self.rollout, self.train, command.snapshots)
         return msg.Evaluated(results=results)
 
     def checkpoint(self, command: msg.SaveCheckpoint) -> msg.CheckpointSaved:
+        from safetensors import SafetensorError
+
         try:
             self.fill_disk_if_told(self.train.version)
             self.train.save(command.path)  # HF weights + optimizer + version, written atomically
-        except OSError as exc:  # disk full, folder not writable: the controller says so in one line
-            return msg.CheckpointSaved(path=command.path, version=self.train.version, error=exc.strerror or str(exc))
+        except (OSError, SafetensorError, RuntimeError) as exc:  # disk full, folder not writable: the
+            # controller says so in one line (safetensors' writer and torch.save's raise their own types)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).strip().splitlines()[0]
+            return msg.CheckpointSaved(path=command.path, version=self.train.version, error=reason)
         return msg.CheckpointSaved(path=command.path, version=self.train.version)
 
     def stop(self, command: msg.Stop) -> msg.Stopped:
@@ -358,7 +363,8 @@ class Worker:
         """Fault injection for tests (``BIDIRL_FAULT_KILL_IN_PUBLISH=device:version``): this device's
         process is killed by SIGKILL in the middle of publishing ``version`` -- the primary before it sends,
         a receiver after the transfer and before staging -- in the first attempt only (torchrun's restart
-        then resumes the run)."""
+        then resumes the run). ``BIDIRL_FAULT_KILL_IN_EVALUATION=device:steps``: as the final evaluation
+        starts on it (``steps``: the run's ``train.steps``)."""
         fault = os.environ.get(variable, "")
         if fault and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
                 and fault == f"{self.device}:{version}":
