@@ -183,6 +183,25 @@ def test_a_device_joining_a_step_shares_the_work_left_and_the_next_step_is_timed
     assert [(r["t"], r["reason"]) for r in joined] == [(1.0, "joins batch 0")]
 
 
+@pytest.mark.parametrize("policy", ["verl-dynamic", "bidirl"])
+def test_trainers_lent_to_rollout_take_only_groups_of_the_batch_the_train_pool_needs_next(policy):
+    # eta 1 allows 16 groups ahead; the next batch is 8. Each lent trainer's chunks were capped, their total
+    # was not: they took chunk after chunk up to the fair share, into the batch after, and the step that
+    # needs them home waited for groups nobody needed yet
+    from bidirl.sched.estimates import Estimates
+
+    lender = build_policy(policy, Estimates(1.0, 4.0, 0.01))
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.TRAIN], batch_groups=8, eta=1, steps=4, chunk_groups=4,
+                      inflight_groups=16)
+    for trainer in (1, 2):
+        cluster.apply(ev.Switch(trainer, Role.ROLLOUT, "lent"))
+        cluster.complete(ev.SwitchDone(trainer, Role.ROLLOUT))
+    actions = []
+    lender.fill(cluster, actions)
+    lent_took = sum(a.groups for a in actions if isinstance(a, ev.Generate) and a.device in (1, 2))
+    assert cluster.admitted == 8 and lent_took == 8 - cluster.inflight[0]  # the next batch, and no more
+
+
 def test_a_lent_devices_gradient_return_to_the_primary_shows_in_the_step_time():
     cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.ROLLOUT], batch_groups=1, eta=1, steps=2, chunk_groups=2,
                       inflight_groups=2)

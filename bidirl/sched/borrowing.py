@@ -140,8 +140,11 @@ class VerlDynamicPolicy(AsyncPolicy):
 
     def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         fill_rollout(cluster, actions, home=Role.ROLLOUT)
-        if self.next_batch_open(cluster) > 0:  # lent trainers only work on the batch the pool needs next
-            fill_rollout(cluster, actions, min(cluster.chunk_groups, self.next_batch_open(cluster)), home=Role.TRAIN)
+        open_groups = self.next_batch_open(cluster)
+        if open_groups > 0:  # lent trainers only work on the batch the pool needs next (every chunk they
+            # take, not only each one: the fair share alone let them run on into later batches)
+            fill_rollout(cluster, actions, min(cluster.chunk_groups, open_groups), home=Role.TRAIN,
+                         until=cluster.admitted + open_groups)
 
 
 class BidirlPolicy(VerlDynamicPolicy):

@@ -42,10 +42,12 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
     actions.append(action)
 
 
-def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, home: Optional[Role] = None) -> None:
+def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, home: Optional[Role] = None,
+                 until: Optional[int] = None) -> None:
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
     (only those whose home pool is ``home``, if given) with room, least-loaded first, while the
-    staleness bound allows.
+    staleness bound allows -- and, given ``until``, no group past that many admitted in all (trainers
+    lent to rollout: the end of the batch the train pool needs next).
 
     Two placement rules every policy shares:
       * fair share: no device takes more than its share of the work that may be outstanding now, so a
@@ -54,7 +56,8 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
       * no new groups to a device still decoding an older version's tail: they would share its decode
         batch and slow the tail the trainers are waiting for (veRL/AReaL-style schedulers can have it)."""
     newest_limit = cluster.admission_limit(cluster.version)
-    if cluster.admitted >= newest_limit:
+    stop = newest_limit if until is None else min(newest_limit, until)
+    if cluster.admitted >= stop:
         return  # nothing may start on any device (the common case while admission blocks): O(1)
     pool = cluster.idle_sets[Role.ROLLOUT] | cluster.generating  # only these can take work
     pool &= cluster.serving[(Role.ROLLOUT, home)] if home is not None else cluster.serving_role(Role.ROLLOUT)
@@ -70,11 +73,11 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     heap = [(inflight[i], i) for i in pool if inflight[i] < share and cluster.has_room(devices[i], 1)
             and not cluster.decoding_older_tail(devices[i])]
     heapq.heapify(heap)
-    while heap and cluster.admitted < newest_limit:
+    while heap and cluster.admitted < stop:
         _, index = heapq.heappop(heap)
         device = cluster.devices[index]
         room = min(share, cluster.inflight_groups) - cluster.inflight[index]
-        groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device), room)
+        groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device), room, stop - cluster.admitted)
         if groups > 0 and cluster.has_room(device, groups) and cluster.can_admit(device, groups):
             issue(cluster, actions, ev.Generate(index, groups))
             if cluster.inflight[index] < share:
