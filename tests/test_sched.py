@@ -11,7 +11,7 @@ from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.policy import build_policy
 from bidirl.sched.roles import LEGAL_TRANSITIONS, Device, DeviceState, IllegalTransition, Role
-from bidirl.sched.trace import intervals, pool_idle_ratio, switch_overheads
+from bidirl.sched.trace import intervals, pool_idle_ratio, switch_overheads, time_breakdown
 from bidirl.sim.simulator import FixedCosts, Simulator
 
 S = DeviceState
@@ -200,6 +200,30 @@ def test_trainers_lent_to_rollout_take_only_groups_of_the_batch_the_train_pool_n
     lender.fill(cluster, actions)
     lent_took = sum(a.groups for a in actions if isinstance(a, ev.Generate) and a.device in (1, 2))
     assert cluster.admitted == 8 and lent_took == 8 - cluster.inflight[0]  # the next batch, and no more
+
+
+def test_a_device_re_planning_moves_is_charged_to_each_pool_for_the_time_it_belonged_there():
+    # device 2 generates at home in the rollout pool for 5 s, then moves to the train pool and trains
+    def record(t, frm, to, home):
+        return {"t": t, "device": 2, "from": frm, "to": to, "role": home, "home": home, "version": 0, "reason": ""}
+
+    trace = [record(0.0, "idle", "generating", "rollout"), record(5.0, "generating", "switching", "train"),
+             record(6.0, "switching", "training", "train")]
+    at_start = {0: "rollout", 1: "train", 2: "rollout"}  # devices 0 and 1 stay idle throughout
+    breakdown = time_breakdown(trace, 10.0, at_start)
+    assert breakdown["rollout"]["busy"] == 0.3333 and breakdown["rollout"]["switching"] == 0.0
+    assert breakdown["train"]["busy"] == 0.2667 and breakdown["train"]["switching"] == 0.0667
+    assert pool_idle_ratio(trace, 10.0, at_start) == {"rollout": 0.6667, "train": 0.6667}
+
+
+def test_a_cluster_knows_each_devices_home_at_the_start_after_re_planning_moved_it_twice():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=2,
+                      chunk_groups=4)
+    for device, home in ((2, Role.TRAIN), (2, Role.ROLLOUT), (3, Role.ROLLOUT)):
+        cluster.apply(ev.Rehome(device, home, "re-planned"))
+        cluster.complete(ev.SwitchDone(device, home))
+    assert [d.home.value for d in cluster.devices] == ["rollout", "train", "rollout", "rollout"]
+    assert cluster.homes_at_start() == {0: "rollout", 1: "train", 2: "rollout", 3: "train"}
 
 
 def test_a_lent_devices_gradient_return_to_the_primary_shows_in_the_step_time():

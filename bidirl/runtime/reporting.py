@@ -135,8 +135,9 @@ class RunReport:
                 out.write(json.dumps(record) + "\n")
         homes = {d.index: d.home.value for d in cluster.devices}
         switches = self.switch_figures(cluster.trace)
-        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, homes),
-                           time_breakdown(cluster.trace, cluster.now, homes))
+        at_start = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
+        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start),
+                           time_breakdown(cluster.trace, cluster.now, at_start))
         charge_stream_wait(idle, breakdown, self.stream_wait_s, cluster.now, sum(h == "train" for h in homes.values()))
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),

@@ -211,6 +211,13 @@ class Cluster:
         """Indices of the devices serving ``role`` now, at home or lent."""
         return self.serving[(role, Role.ROLLOUT)] | self.serving[(role, Role.TRAIN)]
 
+    def homes_at_start(self) -> Dict[int, str]:
+        """Each device's home pool when the run started (re-planning may have moved some since)."""
+        homes = {d.index: d.home.value for d in self.devices}
+        for _, index, home in reversed(self.rehomes):  # undo the moves, the last first
+            homes[index] = Role(home).other().value
+        return homes
+
     def lent_to(self, role: Role) -> List[Device]:
         """Devices lent away from their home pool to serve ``role``, in index order."""
         return [self.devices[i] for i in sorted(self.serving[(role, role.other())])]

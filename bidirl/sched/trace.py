@@ -46,35 +46,50 @@ def intervals(trace: Sequence[dict], end: float) -> List[Interval]:
 
 
 def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> Dict[str, float]:
-    """Per home pool: fraction of its device-time spent idle (no work assigned, or blocked)."""
+    """Per home pool: fraction of its device-time spent idle (no work assigned, or blocked). ``homes``:
+    each device's home when the run started; a device that re-planning moves is charged to each pool
+    for the time it belonged there (its records carry its home)."""
     total: Dict[str, float] = defaultdict(float)
     idle: Dict[str, float] = defaultdict(float)
-    seen = set()
-    for device, state, _role, start, stop in intervals(trace, end):
-        seen.add(device)
-        total[homes[device]] += stop - start
-        if state == "idle":
-            idle[homes[device]] += stop - start
+    home_now, state_now, since = dict(homes), {}, {}
+    for record in trace:
+        device = record["device"]
+        state, seconds = state_now.get(device, record["from"]), record["t"] - since.get(device, 0.0)
+        if seconds > 0:
+            total[home_now[device]] += seconds
+            if state == "idle":
+                idle[home_now[device]] += seconds
+        home_now[device] = record.get("home", home_now[device])
+        state_now[device], since[device] = record["to"], record["t"]
+    for device, state in state_now.items():
+        if end > since[device]:
+            total[home_now[device]] += end - since[device]
+            if state == "idle":
+                idle[home_now[device]] += end - since[device]
     for device, home in homes.items():  # a device that never changed state was idle throughout
-        if device not in seen:
+        if device not in state_now:
             total[home] += end
             idle[home] += end
     return {home: round(idle[home] / total[home], 4) if total[home] else 0.0 for home in total}
 
 
 def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> Dict[str, Dict[str, float]]:
-    """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1)."""
-    seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in sorted(set(homes.values()))}
+    """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1).
+    ``homes``: each device's home when the run started (as in :func:`pool_idle_ratio`)."""
+    pools = sorted(set(homes.values()) | {r["home"] for r in trace if "home" in r})
+    seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in pools}
     current: Dict[int, Tuple[str, float]] = {device: (NO_REASON, 0.0) for device in homes}
+    home_now = dict(homes)
     for record in trace:
         device = record["device"]
         category, since = current[device]
-        seconds[homes[device]][category] += record["t"] - since
+        seconds[home_now[device]][category] += record["t"] - since
+        home_now[device] = record.get("home", home_now[device])
         to = record["to"]
         category = "busy" if to in _BUSY_STATES else record.get("cause", NO_REASON) if to == "idle" else to
         current[device] = (category, record["t"])
     for device, (category, since) in current.items():
-        seconds[homes[device]][category] += max(0.0, end - since)
+        seconds[home_now[device]][category] += max(0.0, end - since)
     out = {}
     for home, parts in seconds.items():
         total = sum(parts.values()) or 1.0

@@ -172,7 +172,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     makespan = cluster.now
     samples = cluster.trained_groups * G
     bound = bound_step(cfg, perf, shape.staleness, costs.drawn if own_workload else None) if with_bound else 0.0
-    homes_map = {d.index: d.home.value for d in cluster.devices}
+    homes_map = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
     idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
     charge_stream_wait(idle, breakdown, simulator.stream_wait_s, makespan, devices - run.rollout_devices)
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
