@@ -570,6 +570,30 @@ def test_the_planner_replans_on_measured_lengths_for_both_drivers_and_colocated_
     assert replanners(cfg, ["areal"]) == {}
 
 
+def test_a_re_plan_that_asks_for_more_rollout_devices_than_the_last_moves_only_the_new_shortfall():
+    # 6 rollout devices still decoding; a re-plan asks for 3 (three are marked to leave once drained), the
+    # next for 5: one leaves, not three -- which then moved and had the following call move one back
+    from bidirl.sched import events as ev
+    from bidirl.sched.cluster import Cluster
+    from bidirl.sched.replanning import repartition_toward
+    from bidirl.sched.roles import Role
+
+    cluster = Cluster([Role.ROLLOUT] * 6 + [Role.TRAIN] * 2, batch_groups=8, eta=1, steps=10, chunk_groups=1)
+    for device in range(6):
+        cluster.apply(ev.Generate(device, 1))
+    repartition_toward(cluster, [], 3)
+    assert len(cluster.leaving) == 3
+    repartition_toward(cluster, [], 5)
+    assert len(cluster.leaving) == 1
+    for device in range(6):
+        cluster.complete(ev.ChunkDone(device, device))
+    moves: list = []
+    repartition_toward(cluster, moves, 5)
+    repartition_toward(cluster, moves, 5)
+    assert [(m.device, m.home) for m in moves] == [(next(iter(cluster.rehoming)), Role.TRAIN)]
+    assert sum(d.home is Role.ROLLOUT for d in cluster.devices) == 5
+
+
 def test_replanning_toward_fewer_rollout_devices_drains_them_and_new_trainers_hold_the_primarys_version():
     cfg = small("sim.workload=gsm8k", "train.steps=10", "algorithm.staleness=1", "train.prompts_per_step=32")
     result = simulate(cfg, "areal", rollout_devices=6, keep_trace=True, replan=lambda mean: 2, replan_every=2)

@@ -104,6 +104,10 @@ def repartition_toward(cluster: Cluster, actions: List[ev.Action], target: int) 
             rehome(device, Role.ROLLOUT, f"re-plan: {target} rollout devices")
         return
     cluster.leaving.intersection_update(d.index for d in rollout_home if not d.lent)
+    if len(cluster.leaving) > -excess:  # the target rose since they were picked: fewer leave (those that
+        # drain soonest); every one left marked would move, and the next call would move devices back
+        first = sorted(cluster.leaving, key=lambda i: (cluster.inflight[i], -i))[:-excess]
+        cluster.leaving.intersection_update(first)
     staying = [d for d in rollout_home if d.index not in cluster.leaving and not d.lent]
     while len(cluster.leaving) < -excess and len(staying) > 1:  # least loaded first: it drains soonest
         pick = min(staying, key=lambda d: (cluster.inflight[d.index], -d.index))
