@@ -358,6 +358,16 @@ def test_measured_estimates_start_from_a_prior_and_each_first_measurement_replac
     assert measured.current().generate_group_s == 0.75
 
 
+def test_a_lent_devices_gradient_return_is_measured_per_device_and_only_on_steps_that_had_one():
+    from bidirl.sched.estimates import Estimates, MeasuredEstimates
+
+    measured = MeasuredEstimates(weight=0.5, prior=Estimates(0.1, 2.0, 0.1, grad_transfer_s=0.3))
+    measured.step(work_s=2.0, reduce_s=0.0)  # one home trainer, nothing lent: no return to time
+    assert measured.current().grad_transfer_s == 0.3
+    measured.step(work_s=2.0, reduce_s=2.0, lent=4)  # four lent devices returned theirs one after another
+    assert measured.current().grad_transfer_s == 0.5  # per device (the first measurement replaces the prior)
+
+
 def test_bidirl_lends_from_the_first_step_when_it_starts_from_a_prior():
     from bidirl.sched.estimates import Estimates, MeasuredEstimates
 

@@ -357,7 +357,8 @@ class Controller:
             return None
         self.check_replicas_agree()
         primary, step = self.primary_done, self.step
-        self.measured.step(step.work_s, primary.reduce_s)
+        self.measured.step(step.work_s, primary.reduce_s,
+                           lent=sum(1 for d in step.members if self.cluster.devices[d].home is Role.ROLLOUT))
         self.report.stream_wait_s += step.waited_s
         stats = {**step.batch.stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4),
                  "round_trip_s": round(step.round_trip_s, 4),

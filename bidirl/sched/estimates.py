@@ -83,11 +83,15 @@ class MeasuredEstimates:
         self._observe("generate_group_s", seconds / groups)
         self._observe("chunk_s", seconds)
 
-    def step(self, work_s: float, reduce_s: float) -> None:
-        """A step took ``work_s`` device-seconds of gradient work (summed over its devices) and a
-        ``reduce_s`` gradient all-reduce."""
+    def step(self, work_s: float, reduce_s: float, lent: int = 0) -> None:
+        """A step took ``work_s`` device-seconds of gradient work (summed over its devices), and the
+        primary ``reduce_s`` to take in the gradients of its ``lent`` devices (one after another) and
+        all-reduce with the home trainers. ``grad_transfer_s`` is one lent device's return: measured only
+        on steps that had lent devices, per device (a step without any says nothing of their cost; it
+        read as free, and a step with four read four times too dear)."""
         self._observe("train_batch_s", work_s)
-        self._observe("grad_transfer_s", reduce_s)
+        if lent:
+            self._observe("grad_transfer_s", reduce_s / lent)
 
     def switch(self, seconds: float) -> None:
         self._observe("switch_s", seconds)
