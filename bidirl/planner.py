@@ -285,9 +285,9 @@ def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> Li
     workload = sim_workload(cfg)
     longest = workload.prompt_tokens + workload.cap  # one sequence never splits over micro-batches
     if POLICIES[policy].synchronous:  # every device holds a rollout engine and a shard of the training state
-        if check_memory and not fits_memory(perf, 0, devices, longest):
+        if check_memory and not fits_memory(perf, 0, devices, longest, k):  # (rollout in instances of k)
             raise BidirlError(f"sim.model={cfg.sim.model} does not fit in {cfg.sim.hardware} memory colocated on "
-                              f"{devices} devices: {memory_advice(perf, devices, longest)}; use more "
+                              f"{devices} devices: {memory_advice(perf, devices, longest, k)}; use more "
                               "devices or a smaller model")
         return []
     if devices < 2 * k:

@@ -365,6 +365,17 @@ def test_an_instance_size_that_does_not_fit_memory_is_skipped_and_when_none_fits
         plan(small(f"sim.model={tmp_path}", "cluster.devices=16", "cluster.instance_devices=0"), "areal", horizon=4)
 
 
+def test_a_colocated_policy_fits_a_model_its_tensor_parallel_instances_hold_and_refuses_it_on_one_device(tmp_path):
+    # the 70B shape again: colocated, each device holds a shard of the training state and its share of an
+    # instance's weights -- a quarter at k=4. The check used one device's whole weights at every k
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+         "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256}))
+    assert preflight(small(f"sim.model={tmp_path}", "cluster.devices=64", "cluster.instance_devices=4"), "sync") == []
+    with pytest.raises(BidirlError, match="does not fit in H100 memory colocated on 64 devices"):
+        preflight(small(f"sim.model={tmp_path}", "cluster.devices=64", "cluster.instance_devices=1"), "sync")
+
+
 def test_a_live_launch_and_a_profiled_machine_choose_one_device_instances():
     from bidirl.planner import instance_sizes, live_partition
 
