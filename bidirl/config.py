@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -261,9 +262,15 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         merged = _merge(merged, _read_yaml(Path(path)), str(path))
     if overrides:
         merged = _merge(merged, _parse_overrides(overrides), "command line")
-    cfg: PipelineConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    _check_values(cfg, str(path) if path else "config")
-    return cfg
+    source = str(path) if path else "config"
+    try:  # (interpolations resolve here: ${...} naming nothing, or a value of the wrong type)
+        cfg: PipelineConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "a key"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{source}: key '{key}': {reason}") from None
+    _check_values(cfg, source)
+    return dataclasses.replace(cfg, output_dir=str(Path(cfg.output_dir).expanduser()))  # (~ as a shell reads it)
 
 
 def to_yaml(cfg: PipelineConfig) -> str:
@@ -288,6 +295,8 @@ def _read_yaml(path: Path) -> DictConfig:
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     try:
         return OmegaConf.create(data)
+    except RecursionError:  # an anchor inside its own value (`a: &a [*a]`): YAML allows it, a config cannot
+        raise ConfigError(f"{path}: a YAML anchor is used inside its own value (a structure without end)") from None
     except OmegaConfBaseException as exc:  # a key YAML allows and OmegaConf cannot hold: `~:`, `null:` (None)
         where = _odd_key(data)
         raise ConfigError(f"{path}: {where or 'a key'} is not a valid key ({exc.msg.splitlines()[0]}); "
@@ -394,8 +403,23 @@ _CHOICES = {
 }
 
 
+def _check_finite(node: Any, source: str, prefix: str = "") -> None:
+    """Every number is finite: a NaN compares false with every bound and an infinity passes them."""
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, DictConfig):
+            _check_finite(value, source, dotted + ".")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{source}: key '{dotted}' must be a finite number; got {value}")
+
+
 def _check_values(cfg: PipelineConfig, source: str) -> None:
     """Checks the schema cannot express: enumerations, stage names, positive sizes."""
+    for key, names in (("stages", cfg.stages), ("sim.policies", cfg.sim.policies),
+                       ("compare.baselines", cfg.compare.baselines)):
+        odd = [name for name in names if not isinstance(name, str)]
+        if odd:  # (a nested list passes the merge: `stages: [[evaluate]]`)
+            raise ConfigError(f"{source}: key '{key}' must be a list of names; got {odd[0]!r} in it")
     node = OmegaConf.structured(cfg)
     for key, allowed in {**_CHOICES, "launch.mode": policy_names()}.items():
         value = OmegaConf.select(node, key)
@@ -417,10 +441,28 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     for policy in cfg.sim.policies:
         if policy not in policy_names():
             raise ConfigError(f"{source}: unknown policy '{policy}' in 'sim.policies' (known: {', '.join(policy_names())})")
+    if not cfg.sim.policies:
+        raise ConfigError(f"{source}: key 'sim.policies' must name at least one policy (known: {', '.join(policy_names())})")
+    if not re.fullmatch(r"[\w.\-]+", cfg.name) or cfg.name in (".", ".."):
+        raise ConfigError(f"{source}: key 'name' names the run directory (letters, digits, '.', '-', '_'; no path); "
+                          f"got {cfg.name!r}")
+    _check_finite(node, source)
     for key in ("rollout.group_size", "rollout.max_new_tokens", "train.prompts_per_step", "cluster.devices",
-                "launch.chunk_groups"):
+                "launch.chunk_groups", "train.steps", "train.micro_batch_size", "data.train_size", "data.eval_size",
+                "algorithm.updates_per_sync", "model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_heads",
+                "model.tiny.num_kv_heads", "model.tiny.intermediate_size", "model.tiny.max_position_embeddings",
+                "model.tiny.sft_batch_size"):
         if OmegaConf.select(node, key) < 1:
-            raise ConfigError(f"{source}: key '{key}' must be at least 1")
+            raise ConfigError(f"{source}: key '{key}' must be at least 1; got {OmegaConf.select(node, key)}")
+    for key in ("seed", "data.seed", "model.tiny.seed", "data.few_shot", "model.tiny.sft_steps", "train.lr_warmup_steps",
+                "sim.switch_s", "sim.load_s", "algorithm.staleness"):
+        if OmegaConf.select(node, key) < 0:
+            raise ConfigError(f"{source}: key '{key}' must be 0 or more; got {OmegaConf.select(node, key)}")
+    if not 0 < cfg.sim.mfu <= 1:
+        raise ConfigError(f"{source}: key 'sim.mfu' must be a fraction of peak FLOPs, above 0 and at most 1; "
+                          f"got {cfg.sim.mfu}")
+    if cfg.sim.rollout_efficiency <= 0:
+        raise ConfigError(f"{source}: key 'sim.rollout_efficiency' must be above 0; got {cfg.sim.rollout_efficiency}")
     k = cfg.cluster.instance_devices
     if k not in (0, *INSTANCE_SIZES):
         raise ConfigError(f"{source}: key 'cluster.instance_devices' must be one of {', '.join(map(str, INSTANCE_SIZES))} "

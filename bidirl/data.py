@@ -97,6 +97,8 @@ def _load_rows(source: str, split: str) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
+    # (its json reader logs its own "Failed to load JSON" line first: ours below says it once)
+    datasets.logging.get_logger("datasets.packaged_modules.json.json").setLevel(datasets.logging.CRITICAL)
     path = Path(source).expanduser()
     if path.is_dir():
         candidates = [path / f"{split}.{ext}" for ext in ("jsonl", "json", "parquet")]

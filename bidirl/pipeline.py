@@ -386,6 +386,9 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     except (OSError, ValueError) as exc:
         raise BidirlError(f"{run_dir / 'summary.json'}: not readable ({type(exc).__name__})") from None
+    if not isinstance(summary, dict):
+        raise BidirlError(f"{run_dir / 'summary.json'}: not a run summary (a JSON object), but a "
+                          f"{type(summary).__name__}: pass a run directory that `bidirl run` wrote")
     before = cfg.stages[: cfg.stages.index(first)]
     if "profile" in before and (run_dir / "profile.json").is_file():
         cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(run_dir / "profile.json")))

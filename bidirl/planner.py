@@ -524,7 +524,7 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if data["rollout_devices"] >= data["devices"]:
         raise BidirlError(f"{path}: key 'rollout_devices' ({data['rollout_devices']}) must be below 'devices' "
                           f"({data['devices']}); plan again with `bidirl plan`")
-    if data["policy"] not in POLICIES:
+    if not isinstance(data["policy"], str) or data["policy"] not in POLICIES:
         raise BidirlError(f"{path}: key 'policy' names no known policy ({data['policy']!r}); plan again with `bidirl plan`")
     if data["devices"] != cfg.cluster.devices:
         raise BidirlError(f"{path}: planned for {data['devices']} devices ({data['rollout_devices']} rollout) but the "

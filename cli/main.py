@@ -7,6 +7,7 @@ User errors print one line and exit non-zero; ``--debug`` shows the traceback in
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -53,6 +54,13 @@ def _guard(action: Callable[[], None], debug: bool) -> None:
         raise typer.Exit(130)
 
 
+def _is_override(text: str) -> bool:
+    """``key=value`` rather than a pipeline file: a dotted key before the first '=' (its value may be a
+    path, ``output_dir=/tmp/x``, or end in .yaml), and no such file."""
+    key = text.split("=", 1)[0]
+    return "=" in text and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None and not Path(text).is_file()
+
+
 def _config(pipeline: Path, overrides: Optional[List[str]]):
     from bidirl.config import load_config
 
@@ -77,10 +85,12 @@ def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
 
     def action() -> None:
         cfg = _config(pipeline, overrides)
-        if dry_run:
-            return check(cfg, str(pipeline), list(overrides or []))
         if sum(x is not None for x in (from_stage, only_stage, resume)) > 1:
             raise BidirlError("--from, --only and --resume: give one of them")
+        if dry_run and (from_stage or only_stage or resume):  # (it would have checked none of them)
+            raise BidirlError("--dry-run checks a pipeline as a new run: leave out --from, --only and --resume")
+        if dry_run:
+            return check(cfg, str(pipeline), list(overrides or []))
         if resume is not None:
             run_pipeline(cfg, resume, resume=True)
             return
@@ -261,7 +271,7 @@ def compare(
 
         names = parse_baselines(baselines)
         path, extra = pipeline, list(overrides or [])
-        if path is not None and "=" in path.name and path.suffix not in (".yaml", ".yml"):  # overrides only
+        if path is not None and _is_override(str(path)):  # overrides only: the default pipeline
             path, extra = None, [str(pipeline), *extra]
         path = path or DEFAULT_PIPELINE
         cfg = _config(path, extra)

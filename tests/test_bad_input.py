@@ -27,6 +27,12 @@ def files(tmp: Path) -> dict:
     (tmp / "empty.jsonl").write_text("")
     (tmp / "words.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "two"}) + "\n")
     (tmp / "a-file").write_text("not a directory")
+    (tmp / "torn.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n{broken\n")
+    (tmp / "nested.yaml").write_text("name: x\nstages: [[evaluate]]\n")
+    (tmp / "recursive.yaml").write_text("name: x\na: &a [*a]\n")
+    (tmp / "list-run").mkdir()
+    (tmp / "list-run" / "summary.json").write_text("[]")  # valid JSON, not a summary
+    (tmp / "list-run" / "config.yaml").write_text("name: old\n")
     run = tmp / "old-run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["plan", "launch"]}))
@@ -50,6 +56,10 @@ CASES = {
     "malformed yaml": (["run", "{tmp}/bad.yaml"], "bad.yaml:3"),
     "binary pipeline": (["run", "{tmp}/binary.yaml"], "binary.yaml"),
     "missing pipeline": (["run", "{tmp}/nope.yaml"], "nope.yaml"),
+    "a YAML anchor inside its own value": (["run", "{tmp}/recursive.yaml"], "recursive.yaml: a YAML anchor"),
+    "a nested list of stages": (["run", "{tmp}/nested.yaml"], "key 'stages'"),
+    "an interpolation naming nothing": (["run", TINY, "--dry-run", "name=${{oops}}"], "key 'name'"),
+    "a malformed line in a JSONL file": (["evaluate", TINY, *GSM8K, "data.path={tmp}/torn.jsonl"], "torn.jsonl"),
     # unknown keys and wrong types
     "unknown key": (["run", TINY, "train.lrr=0.1"], "train.lrr"),
     "wrong type": (["launch", TINY, "train.steps=lots"], "train.steps"),
@@ -60,6 +70,14 @@ CASES = {
     "absurd memory share": (["run", TINY, "rollout.gpu_memory_utilization=5"], "rollout.gpu_memory_utilization"),
     "negative lease timeout": (["launch", TINY, "launch.lease_timeout_s=-1"], "launch.lease_timeout_s"),
     "negative checkpoint interval": (["launch", TINY, "train.checkpoint_every=-5"], "train.checkpoint_every"),
+    "zero steps": (["simulate", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=0"], "train.steps"),
+    "zero micro-batch": (["run", TINY, "--dry-run", "train.micro_batch_size=0"], "train.micro_batch_size"),
+    "a tiny model with no heads": (["simulate", "pipelines/sim-32gpu.yaml", "sim.model=pipeline", "model.source=tiny",
+                                    "model.tiny.num_heads=0"], "model.tiny.num_heads"),
+    "not a number": (["simulate", "pipelines/sim-32gpu.yaml", "sim.mfu=nan"], "sim.mfu"),
+    "no MFU at all": (["simulate", "pipelines/sim-32gpu.yaml", "sim.mfu=0"], "sim.mfu"),
+    "no policies to simulate": (["simulate", "pipelines/sim-32gpu.yaml", "sim.policies=[]"], "sim.policies"),
+    "a path as the run's name": (["plan", "pipelines/sim-32gpu.yaml", "name=../escaped"], "key 'name'"),
     # more devices than exist, impossible partitions and staleness
     "more CPU devices than cores": (["launch", TINY, "cluster.devices=64", "launch.mode=async"], "cluster.devices=64"),
     "no GPU here": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "cluster.device_type=cuda",
@@ -86,6 +104,9 @@ CASES = {
     "corrupt plan": (["run", TINY, "stages=[plan,launch]", "--from", "launch", "--run-dir", "{tmp}/old-run"],
                      "plan.json"),
     "not a run directory": (["run", TINY, "--only", "evaluate", "--run-dir", "{tmp}/a-file"], "a-file"),
+    "a summary that is not an object": (["run", TINY, "stages=[prepare_model,evaluate]", "--only", "evaluate",
+                                         "--run-dir", "{tmp}/list-run"], "not a run summary"),
+    "a dry run of a re-run": (["run", TINY, "--dry-run", "--from", "evaluate"], "--dry-run"),
     # resuming what cannot be resumed
     "resume a file": (["launch", TINY, "--resume", "{tmp}/a-file"], "a-file: not a run directory"),
     "resume a run without checkpoints": (["launch", TINY, "--resume", "{tmp}/old-run"], "no checkpoint yet"),
@@ -100,6 +121,7 @@ CASES = {
     "unknown policy": (["simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,bidirll"], "bidirll"),
     "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),
     "unknown baseline": (["compare", "--baselines", "verl,deepspeed-chat"], "deepspeed-chat"),
+    "an override with a path, first, to compare": (["compare", "output_dir={tmp}/compared", "train.lrr=1"], "train.lrr"),
     "a real peer on a simulated cluster": (["compare", "pipelines/sim-32gpu.yaml", "--baselines", "verl,trl"],
                                            "trl is a real system that runs live only"),
     "unknown hardware": (["plan", "pipelines/sim-32gpu.yaml", "sim.hardware=TPU"], "sim.hardware"),
