@@ -261,7 +261,9 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     if path is not None:
         merged = _merge(merged, _read_yaml(Path(path)), str(path))
     if overrides:
-        merged = _merge(merged, _parse_overrides(overrides), "command line")
+        _parse_overrides(overrides)  # (each one's syntax first)
+        for item in overrides:  # one at a time: an error names the key it came from
+            merged = _merge(merged, OmegaConf.from_dotlist([item]), "command line", item.split("=", 1)[0])
     source = str(path) if path else "config"
     try:  # (interpolations resolve here: ${...} naming nothing, or a value of the wrong type)
         cfg: PipelineConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
@@ -325,6 +327,8 @@ def _parse_overrides(overrides: List[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"command line: override {item!r} is not of the form key=value")
+        if not all(item.split("=", 1)[0].split(".")):
+            raise ConfigError(f"command line: override {item!r}: its key has an empty part (two dots, or one at an end)")
     for item in overrides:  # one at a time, so that the error names the culprit
         try:
             OmegaConf.from_dotlist([item])
@@ -337,17 +341,21 @@ def _parse_overrides(overrides: List[str]) -> DictConfig:
     return OmegaConf.from_dotlist(list(overrides))
 
 
-def _merge(base: DictConfig, extra: DictConfig, source: str) -> DictConfig:
+def _merge(base: DictConfig, extra: DictConfig, source: str, culprit: str = "") -> DictConfig:
+    """``extra`` over ``base``; ``culprit``: the key ``extra`` sets, named where OmegaConf's error does not."""
+    where = f"{source}: key '{culprit}'" if culprit else source
     try:
         return OmegaConf.merge(base, extra)  # type: ignore[return-value]
     except ConfigKeyError as exc:
         raise ConfigError(_unknown_key_message(exc, source)) from None
     except ValidationError as exc:
+        if not exc.full_key and culprit:  # (a section given a plain value: `train=5`)
+            raise ConfigError(f"{where} is a section of keys, not a value: set its keys ({culprit}.<key>=...)") from None
         raise ConfigError(_wrong_type_message(exc, source)) from None
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"{source}: {exc.msg}") from None
+        raise ConfigError(f"{where}: {exc.msg}") from None
     except (TypeError, ValueError) as exc:  # e.g. a mapping where the schema has a list ("stages: {}")
-        raise ConfigError(f"{source}: {exc} (a section or list where the schema has the other kind?)") from None
+        raise ConfigError(f"{where}: {exc} (a section or list where the schema has the other kind?)") from None
 
 
 def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:

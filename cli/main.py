@@ -98,7 +98,12 @@ def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
         if first is None:
             run_pipeline(cfg)
         else:
-            run_pipeline(cfg, run_dir or latest_run(cfg), first, only=bool(only_stage))
+            earlier = run_dir or latest_run(cfg)
+            if earlier is None:
+                flag = "--only" if only_stage else "--from"
+                raise BidirlError(f"{flag} {first}: no earlier run of pipeline '{cfg.name}' under {cfg.output_dir} to "
+                                  "run it again in (pass --run-dir)")
+            run_pipeline(cfg, earlier, first, only=bool(only_stage))
 
     _guard(action, debug)
 

@@ -63,6 +63,9 @@ CASES = {
     # unknown keys and wrong types
     "unknown key": (["run", TINY, "train.lrr=0.1"], "train.lrr"),
     "wrong type": (["launch", TINY, "train.steps=lots"], "train.steps"),
+    "a value for a section": (["run", TINY, "--dry-run", "train=5"], "key 'train' is a section"),
+    "a mapping where the schema has a list": (["run", TINY, "--dry-run", "stages={{a: 1}}"], "key 'stages'"),
+    "a key with an empty part": (["run", TINY, "--dry-run", "train..steps=1"], "train..steps"),
     "unknown stage": (["run", TINY, "stages=[prepare_model,trian]"], "trian"),
     # zero, negative, absurd
     "zero group size": (["run", TINY, "rollout.group_size=0"], "rollout.group_size"),
@@ -107,6 +110,7 @@ CASES = {
     "a summary that is not an object": (["run", TINY, "stages=[prepare_model,evaluate]", "--only", "evaluate",
                                          "--run-dir", "{tmp}/list-run"], "not a run summary"),
     "a dry run of a re-run": (["run", TINY, "--dry-run", "--from", "evaluate"], "--dry-run"),
+    "a re-run with no earlier run": (["run", TINY, "--from", "evaluate"], "no earlier run of pipeline 'cpu-tiny'"),
     # resuming what cannot be resumed
     "resume a file": (["launch", TINY, "--resume", "{tmp}/a-file"], "a-file: not a run directory"),
     "resume a run without checkpoints": (["launch", TINY, "--resume", "{tmp}/old-run"], "no checkpoint yet"),
