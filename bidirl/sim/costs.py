@@ -107,7 +107,10 @@ class CalibratedCosts:
         tokens = sum(self.finished[c.index].popleft() for c, groups in batch for _ in range(groups))
         samples = sum(groups for _, groups in batch) * self.G
         self.trained_lengths.trained(tokens - samples * self.workload.prompt_tokens, samples)
-        work = self.perf.train_compute_seconds(tokens * self.workload.informative)  # GRPO trains those
+        # GRPO trains those; a step's fixed cost (a fitted line's intercept: the optimizer step, paid once
+        # per step by each replica) is in ``step_overhead``, not in work its devices share or that a
+        # streamed step adds part by part (the analytic model has none)
+        work = self.perf.train_compute_seconds(tokens * self.workload.informative) - self.perf.train_compute_seconds(0)
         self.train_device_s += work
         return work
 
@@ -126,7 +129,8 @@ class CalibratedCosts:
         return self.perf.micro_batch_overhead_seconds()
 
     def step_overhead(self) -> float:
-        return self.perf.step_overhead_seconds()
+        """A step's finish beyond its all-reduce, and its fixed train cost (see ``train_work``)."""
+        return self.perf.step_overhead_seconds() + self.perf.train_compute_seconds(0)
 
     def gradient_return(self, lent: int) -> float:
         """Lent devices (Trainer-on-RollPool) send their gradients to the primary, serialised there."""
