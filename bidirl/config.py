@@ -485,8 +485,11 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
         raise ConfigError(f"{source}: cluster.instance_devices={k} needs the analytic model: a profile (sim.profile) "
                           "measures one-device instances")
     endpoint = cfg.launch.rdzv_endpoint
-    if endpoint and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", endpoint):
+    if endpoint and (not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", endpoint) or int(endpoint.rsplit(":", 1)[1]) > 65535):
         raise ConfigError(f"{source}: key 'launch.rdzv_endpoint' must be host:port (node 0's address); got {endpoint!r}")
+    if not 0 <= cfg.cluster.rollout_devices < cfg.cluster.devices:
+        raise ConfigError(f"{source}: key 'cluster.rollout_devices' must be 0 (the planner chooses) or fewer than "
+                          f"cluster.devices={cfg.cluster.devices}; got {cfg.cluster.rollout_devices}")
     if cfg.cluster.nnodes < 1:
         raise ConfigError(f"{source}: key 'cluster.nnodes' must be at least 1")
     if cfg.launch.lease_timeout_s < 0:

@@ -81,6 +81,9 @@ CASES = {
     "no MFU at all": (["simulate", "pipelines/sim-32gpu.yaml", "sim.mfu=0"], "sim.mfu"),
     "no policies to simulate": (["simulate", "pipelines/sim-32gpu.yaml", "sim.policies=[]"], "sim.policies"),
     "a path as the run's name": (["plan", "pipelines/sim-32gpu.yaml", "name=../escaped"], "key 'name'"),
+    "a negative split to plan": (["plan", "pipelines/sim-32gpu.yaml", "--policy", "bidirl", "cluster.rollout_devices=-3"],
+                                 "cluster.rollout_devices"),
+    "a port past 65535": (["launch", TINY, "cluster.devices=2", "launch.rdzv_endpoint=node0:99999"], "rdzv_endpoint"),
     # more devices than exist, impossible partitions and staleness
     "more CPU devices than cores": (["launch", TINY, "cluster.devices=64", "launch.mode=async"], "cluster.devices=64"),
     "no GPU here": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "cluster.device_type=cuda",
