@@ -16,7 +16,30 @@ import typer
 
 from bidirl.errors import BidirlError
 
-app = typer.Typer(
+class OneLineUsageErrors(typer.Typer):
+    """The command line, whose usage errors (an unknown option, an option's bad value, a missing argument)
+    are one line naming the command, and exit 2, as every other bad input is: click draws them as a
+    usage line and a box. Bare ``bidirl`` still shows the help."""
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        from typer.exceptions import TyperException
+
+        try:
+            code = super().__call__(*args, standalone_mode=False, **kwargs)  # (returns a typer.Exit's code)
+        except TyperException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # (`bidirl` alone: the help, as before)
+                exc.show()
+            else:
+                where = f"{exc.ctx.command_path}: " if getattr(exc, "ctx", None) is not None else ""
+                typer.echo(f"error: {where}{exc.format_message()} (see --help)", err=True)
+            sys.exit(getattr(exc, "exit_code", 2))
+        except typer.Abort:
+            typer.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code or 0)
+
+
+app = OneLineUsageErrors(
     help="bidirl: asynchronous, disaggregated RL post-training with bidirectional device borrowing.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

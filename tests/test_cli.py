@@ -37,6 +37,22 @@ def test_help_lists_every_stage_command():
         assert command in result.stdout
 
 
+@pytest.mark.parametrize("args,fragment", [
+    (["launch", "pipelines/cpu-tiny.yaml", "--nnodes", "abc"], "'--nnodes'"),
+    (["run", "--dryrun", "pipelines/cpu-tiny.yaml"], "--dryrun"),
+    (["run"], "'pipeline'"),
+    (["simulate", "pipelines/sim-32gpu.yaml", "--policies"], "'--policies'"),
+    (["nosuchcommand"], "nosuchcommand"),
+])
+def test_a_usage_error_is_one_line_naming_it_not_a_box(args, fragment):
+    assert_one_line_error(bidirl(*args), fragment)
+
+
+def test_bidirl_alone_shows_the_help():
+    result = bidirl()
+    assert "run" in result.stdout and "simulate" in result.stdout and "Traceback" not in result.stderr
+
+
 def test_unknown_key_in_pipeline_file_is_one_line_naming_file_and_key(write_yaml):
     path = write_yaml("name: x\nrollout:\n  temprature: 0.7\n")
     assert_one_line_error(bidirl("run", str(path)), str(path), "rollout.temprature", "rollout.temperature")
