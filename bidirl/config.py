@@ -279,11 +279,30 @@ def to_yaml(cfg: PipelineConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping (plain YAML keeps the last one, silently)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, (str, int, float, bool)):
+            continue  # (an odd key: _odd_key names it later)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' appears twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def _read_yaml(path: Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: pipeline file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except (UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"{path}: not a readable text file ({type(exc).__name__}): a pipeline is YAML") from None
     except yaml.YAMLError as exc:

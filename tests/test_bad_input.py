@@ -29,6 +29,7 @@ def files(tmp: Path) -> dict:
     (tmp / "a-file").write_text("not a directory")
     (tmp / "torn.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n{broken\n")
     (tmp / "nested.yaml").write_text("name: x\nstages: [[evaluate]]\n")
+    (tmp / "twice.yaml").write_text("name: x\ntrain:\n  steps: 5\n  steps: 6\n")
     (tmp / "recursive.yaml").write_text("name: x\na: &a [*a]\n")
     (tmp / "list-run").mkdir()
     (tmp / "list-run" / "summary.json").write_text("[]")  # valid JSON, not a summary
@@ -58,6 +59,7 @@ CASES = {
     "missing pipeline": (["run", "{tmp}/nope.yaml"], "nope.yaml"),
     "a YAML anchor inside its own value": (["run", "{tmp}/recursive.yaml"], "recursive.yaml: a YAML anchor"),
     "a nested list of stages": (["run", "{tmp}/nested.yaml"], "key 'stages'"),
+    "a key given twice": (["run", "{tmp}/twice.yaml"], "twice.yaml:4"),
     "an interpolation naming nothing": (["run", TINY, "--dry-run", "name=${{oops}}"], "key 'name'"),
     "a malformed line in a JSONL file": (["evaluate", TINY, *GSM8K, "data.path={tmp}/torn.jsonl"], "torn.jsonl"),
     # unknown keys and wrong types
