@@ -46,7 +46,11 @@ IMPORTANCE_WEIGHT_CAP = 5.0
 
 
 def group_advantages(rewards: Sequence[float], std_normalize: bool = True, eps: float = 1e-6) -> List[float]:
-    """Advantages of one group: reward minus the group mean, optionally over the group std."""
+    """Advantages of one group: reward minus the group mean, optionally over the group std. A group whose
+    rewards are all equal teaches nothing: exactly 0 each (the mean of equal floats such as 0.1 can miss
+    them by 1e-17, which over std + eps left ~1e-11 and kept the group as informative)."""
+    if max(rewards) == min(rewards):
+        return [0.0] * len(rewards)
     mean = sum(rewards) / len(rewards)
     centred = [r - mean for r in rewards]
     if not std_normalize:
@@ -110,7 +114,8 @@ def policy_loss(
         stats = {
             "importance_weight_mean": ((shown * mask).sum() / n).item(),
             "importance_weight_clipped": ((cut * mask).sum() / n).item(),
-            "behaviour_logp_abs_diff": (((prox - behaviour_logp).abs() * mask).sum() / n).item(),
+            # (the policy trained against the behaviour policy: under naive, prox *is* the behaviour policy)
+            "behaviour_logp_abs_diff": (((logp.detach() - behaviour_logp).abs() * mask).sum() / n).item(),
         }
     return {"loss": loss, "stats": stats}
 

@@ -1,7 +1,8 @@
 """Verifiable rewards: answer extraction and checking.
 
 GSM8K-style answers are numbers. From a model completion we take the number after ``####`` if there is
-one, else the last number in the text; commas, ``$`` and a trailing ``.0`` are normalised away. Model
+one (after the line's last ``=``: '#### 3 + 4 = 7'), else the last number in the text; commas, ``$`` and
+a trailing ``.0`` are normalised away. Model
 text is never evaluated (no ``eval``): numbers are parsed with :class:`fractions.Fraction`.
 
 Reward = 1.0 when the extracted number equals the reference, else 0.0, plus an optional small format
@@ -19,24 +20,36 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 from typing import Optional
 
-_NUMBER = r"-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\$?\s?\.\d+"
+# a minus sign only where it cannot be a hyphen or a subtraction ('2-3' holds 2 and 3, not -3); commas only
+# as thousands separators ('1,234', but '1,2,3' is three numbers)
+_SIGN = r"(?:(?<![\w)])-\s?)?"
+_NUMBER = _SIGN + r"\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|" + _SIGN + r"\$?\s?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
 _HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")")
+_HASH_LINE_RE = re.compile(r"####([^\n]*)")
+_AFTER_NUMBER_OK = re.compile(r"[.,;:!?)]*")  # what may stick to a marked answer ('#### 12.')
 
 
 def parse_number(text: str) -> Optional[Fraction]:
     """'1,234' -> 1234, '$5' -> 5, '3.50' -> 7/2, '-2' -> -2; anything else -> None."""
     cleaned = re.sub(r"\$\s*", "", text.strip().replace(",", "")).rstrip(".")
+    cleaned = re.sub(r"^-\s+", "-", cleaned)  # ('- 5')
     if not cleaned or not re.fullmatch(r"-?(\d+(\.\d*)?|\.\d+)", cleaned):
         return None
     return Fraction(cleaned)
 
 
 def extract_answer(completion: str) -> Optional[Fraction]:
-    """The number after '####' if present, else the last number in the completion."""
-    marked = _HASH_RE.findall(completion)
+    """The number on the last '####' line if there is one (after its last '=', if any), else the last
+    number in the completion. A marked answer is that number whole: '#### 3/4' or '#### 1e6' is no
+    number (not 3, not 1), and nothing else from the text replaces it."""
+    marked = _HASH_LINE_RE.findall(completion)
     if marked:
-        return parse_number(marked[-1])
+        line = marked[-1].rsplit("=", 1)[-1]
+        found = re.match(r"\s*(" + _NUMBER + r")(\S*)", line)
+        if found is None or not _AFTER_NUMBER_OK.fullmatch(found.group(2)):
+            return None
+        return parse_number(found.group(1))
     numbers = _NUMBER_RE.findall(completion)
     return parse_number(numbers[-1]) if numbers else None
 

@@ -17,6 +17,15 @@ def test_group_advantages_are_centred_and_scaled_by_the_group_std():
 
 def test_a_group_with_equal_rewards_carries_no_signal():
     assert group_advantages([1.0, 1.0, 1.0]) == [0.0, 0.0, 0.0]
+    # format rewards: the mean of eight 0.1s misses 0.1 by 1e-17, which over std + eps was ~1e-11
+    assert group_advantages([0.1] * 8) == [0.0] * 8 and group_advantages([1.1] * 3) == [0.0] * 3
+
+
+def test_the_stale_gap_statistic_measures_the_trained_policy_against_the_behaviour_policy_whatever_the_correction():
+    logp, behaviour = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -0.5]])
+    for correction in ("naive", "decoupled", "none"):  # (under naive it read 0 always: it used the behaviour policy)
+        assert _loss(logp, behaviour, [1.0], correction=correction)["stats"]["behaviour_logp_abs_diff"] == \
+            pytest.approx(0.5)
 
 
 def test_without_std_scaling_advantages_are_reward_minus_group_mean():

@@ -32,6 +32,11 @@ def test_parse_number_rejects_anything_that_is_not_a_plain_number(text):
         (" -4", -4),
         ("no number here", None),
         ("", None),
+        # found in review: a marked answer is taken whole, or not at all
+        ("#### 3/4", None), ("#### 1e6", None), ("#### 3 + 4 = 7", 7), ("#### 2 x 6 = 12", 12), ("#### 12.", 12),
+        ("#### - 5", -5), ("answer: - 5", -5),
+        # a hyphen is no minus sign, and commas separate thousands only
+        ("from 2-3", 3), ("Answer: 10-3", 3), ("the pairs 1,2,3", 3), ("x = -5", -5), ("10,000,000 grains", 10_000_000),
     ],
 )
 def test_answer_is_the_number_after_hashes_else_the_last_number(completion, expected):
