@@ -5,7 +5,9 @@ worked solution), so the rest of bidirl never knows where a problem came from.
 
 * GSM8K goes through the ``datasets`` library: a hub id such as ``openai/gsm8k`` (machines with
   internet) or a local ``.jsonl``/``.parquet`` file, or a folder holding ``{split}.jsonl``/``.parquet``,
-  with ``question``/``answer`` fields; the reference is the number after ``####``.
+  with ``question``/``answer`` fields; the reference is the number after ``####``. A single file holds
+  both splits: its held-out problems are those whose question hash falls in the held-out bucket, as for
+  reasoning-gym (a file read whole for both would evaluate on training problems).
 * reasoning-gym tasks are procedural and seeded, so the CPU default needs no download. Train and
   held-out problems are drawn from one stream and split by a stable hash of the question text, so the
   held-out set never contains a training question even when the task's problem space is small. A
@@ -90,6 +92,8 @@ def load_gsm8k(source: str, split: str) -> List[Problem]:
         except ValueError as exc:
             raise BidirlError(f"{source}: row {index}: {exc}") from None
         problems.append(Problem(row["question"], _number_text(answer), row["answer"]))
+    if Path(source).expanduser().is_file():  # one file, both splits: the held-out bucket is the test split
+        return [p for p in problems if _is_held_out(p.question) == (split == "test")]
     return problems
 
 

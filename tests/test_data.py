@@ -44,9 +44,18 @@ def test_unknown_task_setting_is_one_clear_error():
 def test_local_jsonl_file_loads_through_datasets(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in _rows(5)))
-    problems = load_gsm8k(str(path), "train")
-    assert [p.answer for p in problems] == ["0", "2", "4", "6", "8"]
-    assert problems[3].solution.endswith("#### 6")
+    problems = load_gsm8k(str(path), "train") + load_gsm8k(str(path), "test")
+    assert sorted(int(p.answer) for p in problems) == [0, 2, 4, 6, 8]
+    assert next(p for p in problems if p.answer == "6").solution.endswith("#### 6")
+
+
+def test_a_single_file_is_split_so_the_held_out_problems_are_never_trained_on(tmp_path):
+    # read whole for both splits, the first training problems were the held-out set (found in review)
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _rows(200)))
+    train, test = load_gsm8k(str(path), "train"), load_gsm8k(str(path), "test")
+    assert not {p.question for p in train} & {p.question for p in test}
+    assert len(train) + len(test) == 200 and 5 <= len(test) <= 40  # one bucket in ten, by question hash
 
 
 def test_local_parquet_folder_loads_the_requested_split(tmp_path):
@@ -59,7 +68,7 @@ def test_local_parquet_folder_loads_the_requested_split(tmp_path):
 def test_thousands_separator_in_the_reference_is_normalised(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(_rows(600)[-1]))
-    assert load_gsm8k(str(path), "train")[0].answer == "1198"
+    assert (load_gsm8k(str(path), "train") + load_gsm8k(str(path), "test"))[0].answer == "1198"
 
 
 def test_missing_data_file_is_named(tmp_path):
