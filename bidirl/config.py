@@ -485,6 +485,10 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
                 "sim.switch_s", "sim.load_s", "algorithm.staleness"):
         if OmegaConf.select(node, key) < 0:
             raise ConfigError(f"{source}: key '{key}' must be 0 or more; got {OmegaConf.select(node, key)}")
+    if cfg.rollout.top_p != 1.0:  # (0 < top_p < 1 would be a nucleus; bidirl's RL samples the whole distribution)
+        raise ConfigError(f"{source}: key 'rollout.top_p' must be 1.0: a truncated sampling distribution's log-probs "
+                          f"are not what the trainer computes (vLLM reports them truncated, the HF engine and the "
+                          f"trainer do not), so the staleness correction would be biased; got {cfg.rollout.top_p}")
     if not 0 < cfg.sim.mfu <= 1:
         raise ConfigError(f"{source}: key 'sim.mfu' must be a fraction of peak FLOPs, above 0 and at most 1; "
                           f"got {cfg.sim.mfu}")

@@ -82,6 +82,7 @@ CASES = {
     "not a number": (["simulate", "pipelines/sim-32gpu.yaml", "sim.mfu=nan"], "sim.mfu"),
     "no MFU at all": (["simulate", "pipelines/sim-32gpu.yaml", "sim.mfu=0"], "sim.mfu"),
     "no policies to simulate": (["simulate", "pipelines/sim-32gpu.yaml", "sim.policies=[]"], "sim.policies"),
+    "nucleus sampling": (["run", TINY, "--dry-run", "rollout.top_p=0.9"], "rollout.top_p"),
     "a path as the run's name": (["plan", "pipelines/sim-32gpu.yaml", "name=../escaped"], "key 'name'"),
     "a negative split to plan": (["plan", "pipelines/sim-32gpu.yaml", "--policy", "bidirl", "cluster.rollout_devices=-3"],
                                  "cluster.rollout_devices"),

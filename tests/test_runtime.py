@@ -346,8 +346,10 @@ def test_deepspeed_train_engine_runs_in_the_runtime_with_lending(tmp_path):
     assert len(steps) == 2 and all(r["fresh_logp_gap"] < 1e-4 for r in steps)
 
 
-def test_deepspeed_zero_partitions_are_refused_by_launch_in_one_line(tmp_path):
-    result = launch(tmp_path, "cluster.devices=2", "launch.mode=async", "train.engine=deepspeed", "train.zero_stage=2")
+@pytest.mark.parametrize("devices", [1, 2])
+def test_deepspeed_zero_partitions_are_refused_by_launch_in_one_line(tmp_path, devices):
+    result = launch(tmp_path, f"cluster.devices={devices}", "launch.mode=async" if devices > 1 else "launch.mode=sync",
+                    "train.engine=deepspeed", "train.zero_stage=1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: bidirl launch supports train.engine=deepspeed")
 
