@@ -102,15 +102,23 @@ def test_the_data_cursor_skips_exactly_what_drawing_would_have_drawn():
     assert [p.question for p in drawn.next(9)] == [p.question for p in skipped.next(9)]
 
 
-def test_a_resumed_run_directory_keeps_each_step_once_and_sets_later_rows_aside(tmp_path):
+def logged_run(tmp_path, steps: int):
+    """A run directory whose run logged steps 1..``steps``, and its config."""
     from bidirl.rundir import RunDir
     from tests.builders import small_config
 
     cfg = small_config("logging.wandb_mode=disabled")
     run = RunDir(cfg, path=tmp_path / "run")
-    for step in range(1, 8):
+    for step in range(1, steps + 1):
         run.log(step, reward_mean=0.1 * step)
     run.close()
+    return cfg
+
+
+def test_a_resumed_run_directory_keeps_each_step_once_and_sets_later_rows_aside(tmp_path):
+    from bidirl.rundir import RunDir
+
+    cfg = logged_run(tmp_path, 7)
     resumed = RunDir.resumed(cfg, tmp_path / "run", version=4)
     resumed.log(5, reward_mean=0.9)
     resumed.close()
@@ -121,13 +129,8 @@ def test_a_resumed_run_directory_keeps_each_step_once_and_sets_later_rows_aside(
 
 def test_a_row_torn_by_a_crash_and_the_batches_of_later_steps_are_set_aside_on_resume(tmp_path):
     from bidirl.rundir import RunDir
-    from tests.builders import small_config
 
-    cfg = small_config("logging.wandb_mode=disabled")
-    run = RunDir(cfg, path=tmp_path / "run")
-    for step in range(1, 4):
-        run.log(step, reward_mean=0.1 * step)
-    run.close()
+    cfg = logged_run(tmp_path, 3)
     with open(tmp_path / "run" / "metrics.jsonl", "a") as metrics:
         metrics.write('{"step": 4, "rew')  # the process died writing its last row
     # one line per optimizer step (step k makes version k + 1), as logging.record_batches writes them
