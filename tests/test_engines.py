@@ -71,6 +71,28 @@ def test_weight_sync_makes_hf_engine_logprobs_match_the_trained_policy(model_dir
     assert mean_abs_logprob_gap(trainer, fresh) < 1e-4 and fresh[0].version == 1
 
 
+def test_the_hf_engine_samples_the_distribution_its_log_probs_describe_whatever_the_models_defaults(model_dir):
+    # a hub model's generation_config sets sampling filters (Qwen2.5-Instruct: a repetition penalty of 1.05,
+    # top_k 20); transformers fills what generate() is not given from it, so the engine sampled from a
+    # filtered distribution while its log-probs (and the trainer's) describe softmax(logits / T)
+    engine = HFRolloutEngine(model_dir)
+    defaults = engine.model.generation_config
+    defaults.repetition_penalty, defaults.top_k, defaults.min_p, defaults.typical_p = 5.0, 1, 0.5, 0.2
+    used = []
+    prepare = engine.model._prepare_generation_config
+
+    def spy(*args, **kwargs):
+        config, model_kwargs = prepare(*args, **kwargs)
+        used.append(config)
+        return config, model_kwargs
+
+    engine.model._prepare_generation_config = spy
+    samples = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=6, temperature=1.0, seed=0))
+    (config,) = used
+    assert config.repetition_penalty == 1.0 and not config.top_k and not config.min_p and config.typical_p == 1.0
+    assert mean_abs_logprob_gap(TorchTrainEngine(model_dir, small_config()), samples) < 1e-4
+
+
 def test_greedy_generation_is_deterministic(model_dir):
     engine = HFRolloutEngine(model_dir)
     greedy = SamplingParams(n=1, max_new_tokens=6, temperature=0.0)

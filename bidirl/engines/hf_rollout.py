@@ -112,7 +112,12 @@ class HFRolloutEngine(PauseGate):
                 max_new_tokens=params.max_new_tokens,
                 do_sample=not greedy, min_new_tokens=params.max_new_tokens if params.ignore_eos else None,
                 temperature=None if greedy else params.temperature, top_p=None if greedy else params.top_p,
-                top_k=None, num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
+                # the whole softmax(logits / T), which the log-probs below describe: transformers fills every
+                # setting left None from the model's generation_config (a hub model's top_k, repetition
+                # penalty, min_p) or its own defaults (top_k 50), and would sample from something else
+                top_k=0, repetition_penalty=1.0, no_repeat_ngram_size=0, typical_p=1.0, min_p=0.0,
+                epsilon_cutoff=0.0, eta_cutoff=0.0,
+                num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
                 stopping_criteria=criteria,
             )
