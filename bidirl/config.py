@@ -261,9 +261,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     if path is not None:
         merged = _merge(merged, _read_yaml(Path(path)), str(path))
     if overrides:
-        _parse_overrides(overrides)  # (each one's syntax first)
-        for item in overrides:  # one at a time: an error names the key it came from
-            merged = _merge(merged, OmegaConf.from_dotlist([item]), "command line", item.split("=", 1)[0])
+        for item, parsed in zip(overrides, _parse_overrides(overrides)):  # one at a time: an error names its key
+            merged = _merge(merged, parsed, "command line", item.split("=", 1)[0])
     source = str(path) if path else "config"
     try:  # (interpolations resolve here: ${...} naming nothing, or a value of the wrong type)
         cfg: PipelineConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
@@ -342,22 +341,24 @@ def _odd_key(data: Any, prefix: str = "") -> str:
     return ""
 
 
-def _parse_overrides(overrides: List[str]) -> DictConfig:
+def _parse_overrides(overrides: List[str]) -> List[DictConfig]:
+    """Each ``key=value`` parsed on its own (every one's syntax checked before any is merged)."""
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"command line: override {item!r} is not of the form key=value")
         if not all(item.split("=", 1)[0].split(".")):
             raise ConfigError(f"command line: override {item!r}: its key has an empty part (two dots, or one at an end)")
+    parsed = []
     for item in overrides:  # one at a time, so that the error names the culprit
         try:
-            OmegaConf.from_dotlist([item])
+            parsed.append(OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as exc:
             raise ConfigError(f"command line: cannot parse override {item!r}: {exc.msg}") from None
         except yaml.YAMLError as exc:  # the value is read as YAML: an unclosed quote, a control character
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise ConfigError(f"command line: override {item!r}: its value is not valid YAML ({problem}); "
                               "quote it") from None
-    return OmegaConf.from_dotlist(list(overrides))
+    return parsed
 
 
 def _merge(base: DictConfig, extra: DictConfig, source: str, culprit: str = "") -> DictConfig:

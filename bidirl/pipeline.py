@@ -377,17 +377,18 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
     from bidirl.planner import load_plan, planned_config
 
     flag = "--resume" if resume else "--run-dir"
+    written = run_dir is not None and (Path(run_dir) / "summary.json").is_file()
     killed = resume and run_dir is not None and (Path(run_dir) / "config.yaml").is_file()
-    if run_dir is None or not ((Path(run_dir) / "summary.json").is_file() or killed):
+    if not (written or killed):
         raise BidirlError(f"{flag} {run_dir}: not a run directory (no summary.json): pass one that "
                           "`bidirl run` wrote")
-    run_dir = Path(run_dir)
+    run_dir, path = Path(run_dir), Path(run_dir) / "summary.json"
     try:
-        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+        summary = json.loads(path.read_text()) if written else {}
     except (OSError, ValueError) as exc:
-        raise BidirlError(f"{run_dir / 'summary.json'}: not readable ({type(exc).__name__})") from None
+        raise BidirlError(f"{path}: not readable ({type(exc).__name__})") from None
     if not isinstance(summary, dict):
-        raise BidirlError(f"{run_dir / 'summary.json'}: not a run summary (a JSON object), but a "
+        raise BidirlError(f"{path}: not a run summary (a JSON object), but a "
                           f"{type(summary).__name__}: pass a run directory that `bidirl run` wrote")
     before = cfg.stages[: cfg.stages.index(first)]
     if "profile" in before and (run_dir / "profile.json").is_file():

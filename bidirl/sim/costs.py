@@ -60,6 +60,9 @@ class CalibratedCosts:
     def __init__(self, perf: PerfModel, workload: Workload, group_size: int, steps: int, seed: int,
                  switch_s: float = 0.0, load_s: float = -1.0):
         self.perf, self.workload, self.G, self.steps = perf, workload, group_size, steps
+        # a step's fixed train cost (a fitted line's intercept: the optimizer step, paid once per step by
+        # each replica; the analytic model has none): in ``step_overhead``, not in shared gradient work
+        self.train_fixed_s = perf.train_compute_seconds(0)
         self.draws = GroupDraws(seed, group_size)
         self.switch_s = switch_s  # 0: the model's, by direction
         self.load_s = perf.load_seconds() if load_s < 0 else load_s
@@ -107,10 +110,8 @@ class CalibratedCosts:
         tokens = sum(self.finished[c.index].popleft() for c, groups in batch for _ in range(groups))
         samples = sum(groups for _, groups in batch) * self.G
         self.trained_lengths.trained(tokens - samples * self.workload.prompt_tokens, samples)
-        # GRPO trains those; a step's fixed cost (a fitted line's intercept: the optimizer step, paid once
-        # per step by each replica) is in ``step_overhead``, not in work its devices share or that a
-        # streamed step adds part by part (the analytic model has none)
-        work = self.perf.train_compute_seconds(tokens * self.workload.informative) - self.perf.train_compute_seconds(0)
+        # GRPO trains those; the fixed cost is not work the step's devices share, nor paid per streamed part
+        work = self.perf.train_compute_seconds(tokens * self.workload.informative) - self.train_fixed_s
         self.train_device_s += work
         return work
 
@@ -130,7 +131,7 @@ class CalibratedCosts:
 
     def step_overhead(self) -> float:
         """A step's finish beyond its all-reduce, and its fixed train cost (see ``train_work``)."""
-        return self.perf.step_overhead_seconds() + self.perf.train_compute_seconds(0)
+        return self.perf.step_overhead_seconds() + self.train_fixed_s
 
     def gradient_return(self, lent: int) -> float:
         """Lent devices (Trainer-on-RollPool) send their gradients to the primary, serialised there."""
