@@ -22,9 +22,10 @@ import json
 import random
 import re
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, List, Sequence, Tuple
 
 from bidirl.config import DataConfig
 from bidirl.errors import BidirlError
@@ -196,20 +197,46 @@ def _number_text(value: Any) -> str:
 
 
 class PromptSampler:
-    """Cycles through the training problems, reshuffled every epoch (seeded)."""
+    """Cycles through the training problems, reshuffled every epoch (seeded). Each problem drawn has a
+    *position*: its place in that seeded stream (0, 1, 2, ...). A resumed run names the positions drawn
+    but not trained before its checkpoint (:meth:`resume`), and those are drawn again first."""
 
     def __init__(self, problems: Sequence[Problem], seed: int):
         self.problems, self.rng, self.order = list(problems), random.Random(seed), []
+        self.drawn = 0  # positions of the stream drawn so far
+        self.redo: Deque[Tuple[int, Problem]] = deque()  # (position, problem) to draw again, first
 
     def next(self, count: int) -> List[Problem]:
-        batch = []
+        return [problem for _, problem in self.take(count)]
+
+    def take(self, count: int) -> List[Tuple[int, Problem]]:
+        """The next ``count`` problems with their positions: those to draw again first, then new ones."""
+        batch = [self.redo.popleft() for _ in range(min(count, len(self.redo)))]
         while len(batch) < count:
-            self._refill()
-            batch.append(self.problems[self.order.pop()])
+            batch.append(self._new())
         return batch
 
+    def _new(self) -> Tuple[int, Problem]:
+        self._refill()
+        self.drawn += 1
+        return self.drawn - 1, self.problems[self.order.pop()]
+
+    def resume(self, drawn: int, redo: Iterable[int] = ()) -> None:
+        """Continues a run that drew ``drawn`` positions, of which ``redo`` were not trained (they were in
+        flight or waiting at its checkpoint): those are drawn again, in order, before position ``drawn``,
+        so no position of the stream is skipped and none is trained twice. (On a sampler that drew nothing.)"""
+        assert not self.drawn and not self.redo, "resume a sampler before drawing from it"
+        wanted = sorted(set(redo))
+        if wanted and not 0 <= wanted[0] <= wanted[-1] < drawn:
+            raise ValueError(f"positions to draw again must lie in 0..{drawn - 1}, got {wanted[0]}..{wanted[-1]}")
+        for position in wanted:  # (the stream replayed up to each: positions are drawn in order)
+            self.skip(position - self.drawn)
+            self.redo.append(self._new())
+        self.skip(drawn - self.drawn)
+
     def skip(self, count: int) -> None:
-        """Advances past ``count`` problems exactly as drawing them would (a resumed run's data cursor)."""
+        """Advances past ``count`` positions exactly as drawing them would."""
+        self.drawn += max(0, count)
         while count > 0:
             self._refill()
             taken = min(count, len(self.order))

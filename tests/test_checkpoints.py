@@ -102,6 +102,74 @@ def test_the_data_cursor_skips_exactly_what_drawing_would_have_drawn():
     assert [p.question for p in drawn.next(9)] == [p.question for p in skipped.next(9)]
 
 
+def test_a_resumed_prompt_stream_draws_the_untrained_positions_again_first_then_goes_on_where_it_stopped():
+    problems = [Problem(question=str(i), answer=str(i)) for i in range(7)]
+    original = PromptSampler(problems, seed=3).take(30)  # (position, problem) over four epochs
+    assert [position for position, _ in original] == list(range(30))
+    resumed = PromptSampler(problems, seed=3)
+    resumed.resume(drawn=20, redo=[16, 3, 18])  # 3 was still generating; 16 and 18 waited for a batch
+    again = resumed.take(5)
+    assert again[:3] == [original[3], original[16], original[18]] and again[3:] == original[20:22]
+    assert resumed.take(8) == original[22:30]
+
+
+def test_a_checkpoint_keeps_the_prompts_drawn_and_not_trained_and_a_resume_draws_exactly_those_again():
+    """At eta >= 1 the groups a version has trained are not the first version x B drawn: the cursor keeps
+    the positions of the others, trained after the resume, each once -- through a second resume too."""
+    from bidirl.prompts import PromptBuilder
+    from bidirl.runtime.batches import RolloutData
+    from bidirl.samples import Sample
+    from bidirl.sched.cluster import Chunk
+    from tests.builders import small_config
+
+    cfg = small_config("rollout.group_size=2")
+    problems = [Problem(question=f"{i} + 1", answer=str(i + 1)) for i in range(50)]
+    stream = [problem.answer for _, problem in PromptSampler(problems, seed=5).take(20)]  # answer per position
+
+    def data_path(cursor=None) -> RolloutData:
+        data = RolloutData(cfg, PromptBuilder.for_run(cfg.data))
+        data.__dict__["sampler"] = PromptSampler(problems, seed=5)  # (the cached property, set)
+        if cursor:
+            data.resume(cursor)
+        return data
+
+    def asked(data: RolloutData, chunk: Chunk) -> list:
+        """The chunk's request: the answers of the problems it was given."""
+        return list(data.request(chunk).answers)
+
+    def finished(data: RolloutData, chunk: Chunk, groups: list) -> None:
+        """``groups`` (indices within ``chunk``) finished: two samples each, one rewarded."""
+        data.collect(chunk.index, [Sample(i, [1], [2], "", [-0.1], chunk.version, reward=float(r),
+                                          extra={"group": chunk.first + i}) for i in groups for r in (0, 1)], 1.0)
+
+    first = data_path()
+    chunks = [Chunk(index=i, device=0, first=4 * i, groups=4, version=0) for i in range(3)]
+    assert [a for c in chunks for a in asked(first, c)] == stream[:12]  # positions 0..11
+    finished(first, chunks[0], [0, 1, 2, 3])
+    finished(first, chunks[1], [0, 1])  # groups 4, 5 done; 6, 7 still generating
+    finished(first, chunks[2], [0, 1])  # groups 8, 9 done; 10, 11 still generating
+    step = first.batch(0, [(chunks[0], 4), (chunks[2], 2)])  # groups 0-3, 8 and 9 make version 1
+    first.trained(step)
+    assert step.prompts == (0, 1, 2, 3, 8, 9)
+    cursor = first.cursor()  # the checkpoint at version 1
+    assert cursor == {"drawn": 12, "redo": [4, 5, 6, 7, 10, 11]}
+
+    second = data_path(cursor)
+    chunk = Chunk(index=0, device=0, first=6, groups=4, version=1)  # (the cluster numbers groups anew)
+    assert asked(second, chunk) == [stream[p] for p in (4, 5, 6, 7)]
+    finished(second, chunk, [0, 1, 2, 3])
+    step = second.batch(1, [(chunk, 4)])
+    second.trained(step)
+    assert step.prompts == (4, 5, 6, 7)
+    assert second.cursor() == {"drawn": 12, "redo": [10, 11]}  # still to draw again; nothing in flight
+
+    third = data_path(second.cursor())
+    chunk = Chunk(index=0, device=0, first=10, groups=4, version=2)
+    assert asked(third, chunk) == [stream[p] for p in (10, 11, 12, 13)]  # then the stream goes on at 12
+    finished(third, chunk, [0, 1, 2, 3])
+    assert third.batch(2, [(chunk, 4)]).prompts == (10, 11, 12, 13)
+
+
 def logged_run(tmp_path, steps: int):
     """A run directory whose run logged steps 1..``steps``, and its config."""
     from bidirl.rundir import RunDir

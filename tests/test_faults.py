@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from bidirl.runtime.checkpoints import FOLDER, sealed, verify
+from bidirl.runtime.replay import read_batches
 from tests.test_runtime import BIDIRL, SMALL, read_jsonl
 
 HARD_TIMEOUT_S = 600
@@ -108,10 +109,18 @@ def test_a_killed_rollout_worker_restarts_the_group_which_resumes_and_completes_
     assert_every_step_trained_exactly_once(run)
 
 
-def test_a_killed_primary_trainer_loses_no_step_and_applies_none_twice(tmp_path):
-    run = killed_mid_run(tmp_path, PRIMARY, "launch.mode=async", "cluster.rollout_devices=1")
+def test_a_killed_primary_trainer_loses_no_step_and_applies_none_twice_nor_any_prompt(tmp_path):
+    run = killed_mid_run(tmp_path, PRIMARY, "launch.mode=async", "cluster.rollout_devices=1",
+                         "algorithm.staleness=1", "logging.record_batches=true")
     summary = assert_every_step_trained_exactly_once(run)
     assert summary["homes"] == ["rollout", "train"] and summary["resumed"]["from_version"] >= EVERY
+    # eta 1: the checkpoint's next batch was generating. Those groups' problems are drawn again first
+    # after the resume (none skipped), and no problem of the seeded prompt stream is trained twice
+    redo = json.loads((Path(summary["resumed"]["checkpoint"]) / "controller.json").read_text())["prompts"]["redo"]
+    assert len(redo) == summary["resumed"]["discarded_groups"] > 0
+    trained = [position for step in read_batches(run) for position in step.prompts]
+    assert len(trained) == STEPS * 8 and len(set(trained)) == len(trained)
+    assert set(redo) <= set(trained)
 
 
 def frozen_in_a_lease(run: Path, launcher: subprocess.Popen, device: int) -> bool:

@@ -53,6 +53,7 @@ class Batch:
     probe: Tuple[Sample, ...]  # a few samples the primary re-scores with the weights it trains
     grad_scale: float = 1.0  # a streamed batch's normaliser, applied once its gradients are summed
     groups: Tuple[int, ...] = ()  # every prompt group the batch holds, informative or not (batches.jsonl)
+    prompts: Tuple[int, ...] = ()  # their problems' positions in the seeded prompt stream (PromptSampler)
 
 
 class RolloutData:
@@ -62,6 +63,9 @@ class RolloutData:
                                      temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         self.groups: Dict[int, List[List[Sample]]] = {}  # chunk -> its prompt groups not yet trained
         self.seconds: Dict[int, float] = {}  # chunk -> seconds its device spent generating it
+        # group -> its problem's position in the prompt stream, until a step trains it: what a checkpoint
+        # keeps of the groups drawn and not trained yet, to draw them again on resume
+        self.positions: Dict[int, int] = {}
 
     @functools.cached_property
     def sampler(self) -> PromptSampler:  # loaded at the first request (reading the problems takes a while)
@@ -69,7 +73,9 @@ class RolloutData:
 
     # 1. prompts
     def request(self, chunk: Chunk) -> msg.GenerateChunk:
-        problems = self.sampler.next(chunk.groups)
+        drawn = self.sampler.take(chunk.groups)
+        self.positions.update((chunk.first + i, position) for i, (position, _) in enumerate(drawn))
+        problems = [problem for _, problem in drawn]
         return msg.GenerateChunk(chunk=chunk.index, first_group=chunk.first, params=self.params,
                                  prompts=tuple(self.prompt(p) for p in problems),
                                  answers=tuple(p.answer for p in problems))
@@ -93,8 +99,27 @@ class RolloutData:
         items = [msg.ComputeGrads(step=k, samples=tuple(informative[i : i + size]), total_tokens=total_tokens,
                                   total_sequences=max(1, len(informative)))
                  for i in range(0, len(informative), size)]
+        groups = group_ids(samples)
         return Batch(k, items, batch_stats(k, samples, informative, rollout_s), tuple(samples[:PROBE_SAMPLES]),
-                     groups=group_ids(samples))
+                     groups=groups, prompts=self.prompt_positions(groups))
+
+    def prompt_positions(self, groups: Sequence[int]) -> Tuple[int, ...]:
+        return tuple(sorted(self.positions[g] for g in groups))
+
+    def trained(self, batch: Batch) -> None:
+        """``batch``'s step is applied (its FinishStep sent): its groups are no longer drawn-and-untrained."""
+        for group in batch.groups:
+            del self.positions[group]
+
+    def cursor(self) -> Dict[str, Any]:
+        """The prompt stream's state for a checkpoint made now: positions drawn, and those to draw again on
+        resume -- the groups drawn but not trained (generating, or done and waiting for a batch), and what
+        a resumed run had still to draw again."""
+        waiting = [position for position, _ in self.sampler.redo]
+        return {"drawn": self.sampler.drawn, "redo": sorted([*self.positions.values(), *waiting])}
+
+    def resume(self, cursor: Dict[str, Any]) -> None:
+        self.sampler.resume(cursor["drawn"], cursor["redo"])
 
     def stream(self, k: int) -> "StreamedBatch":
         """Batch ``k`` of a streamed step, built as its groups finish."""
@@ -142,8 +167,9 @@ class StreamedBatch:
         else:  # seq_mean, without a KL term (PipelineConfig.live_driver)
             scale = 1.0 / max(1, len(self.informative))
         stats = batch_stats(self.k, self.samples, self.informative, self.rollout_s)
-        return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale,
-                     groups=group_ids(self.samples))
+        groups = group_ids(self.samples)
+        return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale, groups=groups,
+                     prompts=self.data.prompt_positions(groups))
 
 
 def by_group(samples: Sequence[Sample]) -> Dict[int, List[Sample]]:

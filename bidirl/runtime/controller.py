@@ -417,11 +417,13 @@ class Controller:
     def checkpoint_state(self) -> Dict[str, Any]:
         """The controller's half of a checkpoint at the version just made. Groups admitted but not yet
         trained are not kept: a resume regenerates them with the checkpoint's weights (the stated rule;
-        their count is logged as ``discarded_groups``). The data cursor is the number of groups trained,
-        ``version * B``: the prompt sampler is seeded, so it is redrawn to there."""
+        their count is logged as ``discarded_groups``). The data cursor (``prompts``) keeps how far the
+        seeded prompt stream was drawn and the positions of those groups' problems, drawn again first on
+        resume: at eta >= 1 the groups trained are not the first ``version * B`` drawn, and resuming the
+        stream at ``version * B`` trained some problems twice and skipped others."""
         cluster = self.cluster
         return {"version": cluster.version, "seed": self.cfg.seed, "groups_per_step": cluster.B,
-                "drawn_groups": cluster.version * cluster.B, "untrained_groups": cluster.admitted - cluster.trained_groups,
+                "prompts": self.data.cursor(), "untrained_groups": cluster.admitted - cluster.trained_groups,
                 "staleness": {str(k): v for k, v in cluster.staleness.items()},
                 "homes": [d.home.value for d in cluster.devices], "policy": self.policy.label,
                 "report": self.report.checkpoint_state(cluster.version)}
@@ -432,7 +434,10 @@ class Controller:
         # finish -- and it only has its final checkpoint and its evaluation left to do)
         checkpoints.check_compatible(resume, self.cfg, finishing=True)
         self.cluster.resume_at(resume.version, state["staleness"])
-        self.data.sampler.skip(state["drawn_groups"])
+        if "prompts" in state:
+            self.data.resume(state["prompts"])
+        else:  # (a checkpoint written before the cursor kept positions: the stream resumes at version * B)
+            self.data.sampler.skip(state["drawn_groups"])
         self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),
                                    "discarded_groups": state["untrained_groups"], "restart": restart})
         say(f"resuming from {resume.path} (version {resume.version}; {state['untrained_groups']} groups generated "
@@ -538,6 +543,7 @@ class Controller:
         members, primary, batch = tuple(sorted(step.members)), self.cluster.primary, step.batch
         lent = tuple(d for d in members if self.cluster.devices[d].home is Role.ROLLOUT)
         self.report.record_batch(batch, members, lent, step.computed)
+        self.data.trained(batch)
         self.pending["train"] = set(members)
         step.finish_sent = time.perf_counter()
         for member in members:

@@ -14,7 +14,7 @@ rounding noise). :func:`check_record` states the bookkeeping invariants the reco
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -38,6 +38,7 @@ class RecordedStep:
     members: List[int]  # the devices that computed it
     lent: List[int]  # of those, rollout devices lent to the step
     items: List[RecordedItem]
+    prompts: List[int] = field(default_factory=list)  # their positions in the seeded prompt stream (absent: older)
 
 
 def read_batches(run_path: str | Path) -> List[RecordedStep]:
@@ -46,23 +47,30 @@ def read_batches(run_path: str | Path) -> List[RecordedStep]:
         row = json.loads(line)
         items = [RecordedItem(i["device"], tuple(Sample(**s) for s in i["samples"]), i["total_tokens"],
                               i["total_sequences"]) for i in row["items"]]
-        steps.append(RecordedStep(row["step"], row["groups"], row["grad_scale"], row["members"], row["lent"], items))
+        steps.append(RecordedStep(row["step"], row["groups"], row["grad_scale"], row["members"], row["lent"], items,
+                                  row.get("prompts", [])))
     return steps
 
 
 def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -> List[str]:
     """What is wrong with a run's record (empty: nothing). Steps come in version order, one each; every
-    group is trained in one step only; every trained sample belongs to its step's groups and appears
-    once; no token is more than ``staleness`` versions older than the step that trains it."""
+    group, and every problem drawn from the prompt stream, is trained in one step only; every trained
+    sample belongs to its step's groups and appears once; no token is more than ``staleness`` versions
+    older than the step that trains it."""
     problems: List[str] = []
     if [s.step for s in steps] != list(range(len(steps))):
         problems.append(f"steps out of order or missing: {[s.step for s in steps]}")
     seen_groups: Dict[int, int] = {}
+    seen_prompts: Dict[int, int] = {}
     for step in steps:
         for group in step.groups:
             if group in seen_groups:
                 problems.append(f"group {group} trained in steps {seen_groups[group]} and {step.step}")
             seen_groups[group] = step.step
+        for position in step.prompts:
+            if position in seen_prompts:
+                problems.append(f"prompt {position} of the stream trained in steps {seen_prompts[position]} and {step.step}")
+            seen_prompts[position] = step.step
         seen_samples = set()
         for item in step.items:
             for sample in item.samples:

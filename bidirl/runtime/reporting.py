@@ -82,7 +82,8 @@ class RunReport:
         items = [{"device": device, "total_tokens": item.total_tokens, "total_sequences": item.total_sequences,
                   "samples": [dataclasses.asdict(s) for s in item.samples]}
                  for device in sorted(computed) for item in computed[device]]
-        line = {"step": batch.step, "groups": list(batch.groups), "grad_scale": batch.grad_scale,
+        line = {"step": batch.step, "groups": list(batch.groups), "prompts": list(batch.prompts),
+                "grad_scale": batch.grad_scale,
                 "members": list(members), "lent": list(lent), "items": items}
         with open(self.run.path / "batches.jsonl", "a") as out:
             out.write(json.dumps(line) + "\n")
