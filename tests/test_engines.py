@@ -93,6 +93,27 @@ def test_the_hf_engine_samples_the_distribution_its_log_probs_describe_whatever_
     assert mean_abs_logprob_gap(TorchTrainEngine(model_dir, small_config()), samples) < 1e-4
 
 
+def test_the_hf_engine_ends_a_completion_at_any_eos_id_the_models_generation_config_lists(model_dir, tmp_path):
+    # a hub instruct model lists its turn end beside the tokenizer's EOS (Qwen2.5-Instruct: <|im_end|> and
+    # <|endoftext|>); vLLM stops at each of them, and so must this engine, or the two end completions apart
+    import json
+    import shutil
+
+    greedy = SamplingParams(n=1, max_new_tokens=6, temperature=0.0)
+    (plain,) = HFRolloutEngine(model_dir).generate(PROMPTS[:1], greedy)
+    assert len(plain.completion_ids) == 6 and not plain.finished
+    listed = tmp_path / "listed"
+    shutil.copytree(model_dir, listed)
+    config = json.loads((listed / "generation_config.json").read_text())
+    turn_end = plain.completion_ids[2]  # (a token this model generates: it stands for the turn end)
+    config["eos_token_id"] = [config["eos_token_id"], turn_end]
+    (listed / "generation_config.json").write_text(json.dumps(config))
+    (ended,) = HFRolloutEngine(str(listed)).generate(PROMPTS[:1], greedy)
+    first = plain.completion_ids.index(turn_end)
+    assert ended.completion_ids == plain.completion_ids[: first + 1] and ended.finished
+    assert ended.logprobs == pytest.approx(plain.logprobs[: first + 1])
+
+
 def test_greedy_generation_is_deterministic(model_dir):
     engine = HFRolloutEngine(model_dir)
     greedy = SamplingParams(n=1, max_new_tokens=6, temperature=0.0)

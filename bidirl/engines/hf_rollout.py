@@ -28,6 +28,7 @@ class HFRolloutEngine(PauseGate):
         self.torch = torch
         self.model, self.tokenizer = load_model(model_path, dtype)
         self.model.to(torch.device(site.device_type))
+        self.stop_ids = stop_token_ids(self.model.generation_config, self.tokenizer.eos_token_id)
         self.version = 0
         self._calls = 0
         self._seed = seed
@@ -118,7 +119,7 @@ class HFRolloutEngine(PauseGate):
                 top_k=0, repetition_penalty=1.0, no_repeat_ngram_size=0, typical_p=1.0, min_p=0.0,
                 epsilon_cutoff=0.0, eta_cutoff=0.0,
                 num_return_sequences=params.n, output_logits=True, return_dict_in_generate=True,
-                pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.stop_ids,
                 stopping_criteria=criteria,
             )
         new_tokens = out.sequences[:, input_ids.shape[1] :]
@@ -134,9 +135,11 @@ class HFRolloutEngine(PauseGate):
                       finished)
 
     def _until_eos(self, ids: List[int]) -> Tuple[List[int], bool]:
-        """Generated ids up to and including the first EOS, and whether there was one."""
-        eos = self.tokenizer.eos_token_id
-        return (ids[: ids.index(eos) + 1], True) if eos in ids else (ids, False)
+        """Generated ids up to and including the first stop id (:func:`stop_token_ids`), and whether there was one."""
+        for end, token in enumerate(ids):
+            if token in self.stop_ids:
+                return ids[: end + 1], True
+        return ids, False
 
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
         """Left-padded prefixes, generated to the longest remaining budget; each continuation is then cut
@@ -173,3 +176,13 @@ class HFRolloutEngine(PauseGate):
                 tensor.copy_(state[name])
         self.version = version
         return time.perf_counter() - start
+
+
+def stop_token_ids(generation_config: Any, eos_token_id: Optional[int]) -> List[int]:
+    """The ids that end a completion: the tokenizer's EOS, then every EOS id the model's generation
+    config lists (a hub instruct model lists its turn end and its text end there: Qwen2.5-Instruct's
+    ``<|im_end|>`` and ``<|endoftext|>``). vLLM stops at all of them too, so both engines end a
+    completion at the same token."""
+    listed = getattr(generation_config, "eos_token_id", None)
+    listed = [listed] if isinstance(listed, int) else list(listed or [])
+    return list(dict.fromkeys(i for i in [eos_token_id, *listed] if i is not None))
