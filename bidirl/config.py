@@ -248,11 +248,10 @@ class PipelineConfig:
                         updates_per_sync=self.algorithm.updates_per_sync)
 
     def live_driver(self) -> DriverCapabilities:
-        """What the live runtime can do with this config. A streamed step computes its micro-batches as
-        unnormalised sums and scales the gradient once its batch is complete, which needs the loss to
-        have one normaliser: token_mean (loss and KL per token), or seq_mean without a KL term."""
-        one_normaliser = self.algorithm.loss_aggregation == "token_mean" or self.algorithm.kl_coef == 0
-        return LIVE if one_normaliser else dataclasses.replace(LIVE, streams_gradients=False)
+        """What the live runtime can do with this config (every config: a streamed step computes its
+        micro-batches as unnormalised sums and scales the gradient once its batch is complete, by the one
+        normaliser loss and KL share -- the batch's tokens, or its sequences)."""
+        return LIVE
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:

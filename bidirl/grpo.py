@@ -31,8 +31,8 @@ The clip around ``mu`` is the one trust region that can bind on stale tokens. Wi
 
 * ``agg`` is ``token_mean`` (every token of the batch weighs the same, as in DAPO; the default) or
   ``seq_mean`` (mean over each sequence's tokens, then over sequences, as in the GRPO paper).
-* The KL term uses the k3 estimator against a frozen copy of the initial policy, and only when
-  ``kl_coef > 0`` (default 0: no reference model is kept).
+* The KL term uses the k3 estimator against a frozen copy of the initial policy, aggregated as the
+  loss is, and only when ``kl_coef > 0`` (default 0: no reference model is kept).
 * Log-probs are of the temperature-scaled distribution ``softmax(logits / T)`` that was sampled.
 """
 
@@ -104,11 +104,7 @@ def policy_loss(
         shown, cut = weight, raw > IMPORTANCE_WEIGHT_CAP
     adv = advantages.unsqueeze(1)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    per_token = -weight * surrogate * mask
-    if aggregation == "seq_mean":
-        loss = (per_token.sum(1) / mask.sum(1).clamp(min=1)).sum() / total_sequences
-    else:
-        loss = per_token.sum() / total_tokens
+    loss = aggregate(-weight * surrogate * mask, mask, aggregation, total_tokens, total_sequences)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         stats = {
@@ -120,9 +116,18 @@ def policy_loss(
     return {"loss": loss, "stats": stats}
 
 
-def k3_kl(logp: Any, ref_logp: Any, mask: Any, total_tokens: int) -> Any:
-    """Schulman's k3 estimator of KL(pi_theta || pi_ref), summed over tokens / total_tokens."""
+def aggregate(per_token: Any, mask: Any, aggregation: str, total_tokens: int, total_sequences: int) -> Any:
+    """A micro-batch's share of the batch mean of ``per_token`` (masked): over every token of the batch
+    (``token_mean``), or over each sequence's tokens, then over the batch's sequences (``seq_mean``)."""
+    if aggregation == "seq_mean":
+        return (per_token.sum(1) / mask.sum(1).clamp(min=1)).sum() / total_sequences
+    return per_token.sum() / total_tokens
+
+
+def k3_kl(logp: Any, ref_logp: Any, mask: Any, aggregation: str, total_tokens: int, total_sequences: int) -> Any:
+    """Schulman's k3 estimator of KL(pi_theta || pi_ref), aggregated as the policy loss is (the GRPO
+    paper's objective averages the KL penalty inside each sequence's mean, with the surrogate)."""
     import torch
 
     delta = ref_logp - logp
-    return ((torch.exp(delta) - delta - 1) * mask).sum() / total_tokens
+    return aggregate((torch.exp(delta) - delta - 1) * mask, mask, aggregation, total_tokens, total_sequences)

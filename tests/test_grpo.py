@@ -84,6 +84,19 @@ def test_sequence_mean_weighs_each_sequence_equally_whatever_its_length():
     assert logp.grad[0, 0].item() == pytest.approx(-1 / 8) and logp.grad[1, 0].item() == pytest.approx(-1 / 2)
 
 
+def test_with_sequence_mean_the_kl_penalty_also_weighs_each_sequence_equally():
+    from bidirl.grpo import k3_kl
+
+    logp = torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-1.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    ref = logp.detach() - 0.5  # every token: k3 = e^-0.5 + 0.5 - 1
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    per_token = torch.exp(torch.tensor(-0.5)).item() - 0.5
+    assert k3_kl(logp, ref, mask, "seq_mean", 5, 2).item() == pytest.approx(per_token)  # each sequence's mean
+    k3_kl(logp, ref, mask, "seq_mean", 5, 2).backward()
+    assert logp.grad[0, 0].item() == pytest.approx(logp.grad[1, 0].item() / 4)  # a token of the long one: 1/4
+    assert k3_kl(logp, ref, mask, "token_mean", 5, 2).item() == pytest.approx(per_token)
+
+
 def test_naive_ppo_drops_stale_tokens_outside_the_clip_range_where_the_decoupled_correction_weights_them():
     logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     stale = torch.tensor([[-1.0, -3.0]])  # the second token: its behaviour policy gave it e^-2 the probability

@@ -394,7 +394,8 @@ def one_worker(tmp_path: Path, name: str, cfg, model: str):
     return mailbox.worker
 
 
-def test_a_streamed_step_updates_the_weights_exactly_as_the_whole_batch_step_does(tmp_path):
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_a_streamed_step_updates_the_weights_exactly_as_the_whole_batch_step_does(tmp_path, aggregation):
     import torch
 
     from bidirl.runtime import protocol as msg
@@ -403,7 +404,8 @@ def test_a_streamed_step_updates_the_weights_exactly_as_the_whole_batch_step_doe
     from bidirl.sched.cluster import Chunk
     from tests.builders import small_config, small_model_dir
 
-    cfg = small_config("rollout.group_size=4", "train.micro_batch_size=5", "train.lr=1e-2", "algorithm.kl_coef=0.05")
+    cfg = small_config("rollout.group_size=4", "train.micro_batch_size=5", "train.lr=1e-2", "algorithm.kl_coef=0.05",
+                       f"algorithm.loss_aggregation={aggregation}")
     model = small_model_dir(tmp_path / "model")
     whole, streamed = one_worker(tmp_path, "whole", cfg, model), one_worker(tmp_path, "streamed", cfg, model)
     before = [p.detach().clone() for p in whole.params]

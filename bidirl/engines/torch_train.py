@@ -88,7 +88,7 @@ class TorchTrainEngine:
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp = self._logprobs(self.ref, ids, attention)
-            kl = k3_kl(logp, ref_logp, mask, total_tokens)
+            kl = k3_kl(logp, ref_logp, mask, self.cfg.algorithm.loss_aggregation, total_tokens, total_sequences)
             loss = loss + self.cfg.algorithm.kl_coef * kl
             stats["kl"] = kl.item()
         stats["loss"] = loss.item()

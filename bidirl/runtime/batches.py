@@ -104,12 +104,12 @@ class RolloutData:
                      groups=groups, prompts=self.prompt_positions(groups))
 
     def prompt_positions(self, groups: Sequence[int]) -> Tuple[int, ...]:
-        return tuple(sorted(self.positions[g] for g in groups))
+        return tuple(sorted(self.positions[g] for g in groups if g in self.positions))  # (given groups: none)
 
     def trained(self, batch: Batch) -> None:
         """``batch``'s step is applied (its FinishStep sent): its groups are no longer drawn-and-untrained."""
         for group in batch.groups:
-            del self.positions[group]
+            self.positions.pop(group, None)
 
     def cursor(self) -> Dict[str, Any]:
         """The prompt stream's state for a checkpoint made now: positions drawn, and those to draw again on
@@ -164,7 +164,7 @@ class StreamedBatch:
     def close(self) -> Batch:
         if self.data.cfg.algorithm.loss_aggregation == "token_mean":
             scale = 1.0 / max(1, sum(len(s.completion_ids) for s in self.informative))
-        else:  # seq_mean, without a KL term (PipelineConfig.live_driver)
+        else:  # seq_mean (the KL term too: bidirl.grpo.aggregate)
             scale = 1.0 / max(1, len(self.informative))
         stats = batch_stats(self.k, self.samples, self.informative, self.rollout_s)
         groups = group_ids(self.samples)
