@@ -47,6 +47,17 @@ def test_tiny_base_model_is_built_once_and_reused_from_cache(tmp_path):
     assert second.reused and second.path == first.path and second.info == first.info
 
 
+def test_a_reused_base_model_says_what_its_recorded_accuracy_was_measured_on(tmp_path):
+    # a later run may evaluate with another data.eval_size or rollout.max_new_tokens: the cache entry keeps
+    # the build's own settings with its accuracy, and says so when it is reused
+    prepare_model(_tiny_pipeline(tmp_path))
+    said = []
+    reused = prepare_model(_tiny_pipeline(tmp_path, "rollout.max_new_tokens=6", "data.eval_size=4"), report=said.append)
+    assert reused.reused and reused.info["eval_max_new_tokens"] == 4
+    assert said == [f"reusing cached base model {reused.path} (held-out accuracy {reused.info['accuracy']:.1%} when "
+                    f"built, on {reused.info['eval_problems']} problems, max_new_tokens 4)"]
+
+
 def test_a_changed_model_config_builds_a_new_cache_entry(tmp_path):
     first = prepare_model(_tiny_pipeline(tmp_path))
     other = prepare_model(_tiny_pipeline(tmp_path, "model.tiny.sft_steps=4"))

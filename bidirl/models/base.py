@@ -53,9 +53,20 @@ def prepare_tiny(cfg: PipelineConfig, report: Optional[Callable[[str], None]] = 
     found = cached_entry(target)
     if found:
         if report:
-            report(f"reusing cached base model {target} (held-out accuracy {found.info.get('accuracy', '?')})")
+            report(f"reusing cached base model {target} ({built_accuracy(found.info)})")
         return found
     return write_entry(target, lambda tmp: _build_tiny(cfg, tmp))
+
+
+def built_accuracy(info: Dict[str, Any]) -> str:
+    """The held-out accuracy a cache entry recorded, with what it was measured on: the run that built it
+    evaluated with its own ``data.eval_size`` and ``rollout.max_new_tokens``, which a later run may not share
+    (the run's own step-0 evaluation is its starting accuracy)."""
+    if "accuracy" not in info:
+        return "held-out accuracy not recorded"
+    on = [f"{info['eval_problems']} problems"] if "eval_problems" in info else []
+    on += [f"max_new_tokens {info['eval_max_new_tokens']}"] if "eval_max_new_tokens" in info else []
+    return f"held-out accuracy {info['accuracy']:.1%} when built" + (f", on {', '.join(on)}" if on else "")
 
 
 def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
@@ -90,5 +101,6 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
         "sft_s": round(sft_s, 1),
         "accuracy": round(result.accuracy, 4),
         "eval_problems": result.num_problems,
+        "eval_max_new_tokens": cfg.rollout.max_new_tokens,
         "torch_threads": torch.get_num_threads(),
     }
