@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -73,13 +74,19 @@ def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     say(f"held-out greedy accuracy: {result.accuracy:.1%} on {result.num_problems} problems ({seconds:.0f} s)")
 
 
-def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    from bidirl.runtime.local import train_in_process
+def check_in_process_policy(cfg: PipelineConfig) -> None:
+    """The train stage runs colocated GRPO in this process: a policy with two pools needs the runtime."""
     from bidirl.sched.policy import POLICIES
 
     if not POLICIES[cfg.launch.mode].synchronous:
-        raise BidirlError(f"launch.mode={cfg.launch.mode} needs a rollout pool and a train pool: "
-                          "use `bidirl launch` with cluster.devices >= 2")
+        raise BidirlError(f"launch.mode={cfg.launch.mode} needs a rollout pool and a train pool, which the train "
+                          "stage (one process) has not: use a launch stage, or `bidirl launch` with cluster.devices >= 2")
+
+
+def stage_train(cfg: PipelineConfig, run: RunDir, state: State) -> None:
+    from bidirl.runtime.local import train_in_process
+
+    check_in_process_policy(cfg)
     if "model" not in state:
         stage_prepare_model(cfg, run, state)
     result = train_in_process(cfg, run, state["model"].path, rollout_engine(cfg, state))
@@ -120,9 +127,12 @@ def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     from bidirl.helpers import helper_processes
     from bidirl.planner import plan, planned_config, print_plan, write_plan
 
+    # for the driver that will run the split: the live runtime when a launch stage follows (as the dry run
+    # and `bidirl launch` plan), else the simulated cluster
+    live = "launch" in cfg.stages[cfg.stages.index("plan"):]
     try:
         with helper_processes():  # candidates on the other core (none once torch is loaded: a live run's)
-            result = plan(cfg)
+            result = plan(cfg, driver=cfg.live_driver() if live else None)
     except (ValueError, RuntimeError) as exc:
         raise BidirlError(f"plan: {exc}") from None
     path = write_plan(result, run.path)
@@ -230,6 +240,15 @@ def preflight(cfg: PipelineConfig) -> None:
         from bidirl.planner import preflight as plan_preflight
 
         plan_preflight(cfg, cfg.launch.mode)
+    if "train" in cfg.stages:
+        check_in_process_policy(cfg)
+    if "simulate" in cfg.stages:
+        from bidirl.planner import preflight as plan_preflight
+        from bidirl.sim.report import check_policies
+
+        check_policies(cfg.sim.policies)
+        for policy in cfg.sim.policies:  # (memory is the planner's to check, for the splits it scores)
+            plan_preflight(cfg, policy, check_memory=False)
     if "compare" in cfg.stages:
         from bidirl.compare import preflight as compare_preflight
 
@@ -357,9 +376,10 @@ STAGE_OUTPUTS = {
     "launch": ("launch", "launch.yaml"),
     "compare": ("compare", "compare.yaml", "compare.json", "compare.md", "compare_throughput.png",
                 "compare_curves.png"),
-    "simulate": ("results.json", "throughput.png"),
+    "simulate": ("results.json", "throughput.png", "gantt-*.png", "trace-*.jsonl"),
     "train": ("checkpoint", "snapshots", "learning_curve.png", "gantt.png", "trace.jsonl"),
 }
+REPORT_FILES = ("report.md", "report.html")  # of the whole run: written again at its end
 
 
 def rerun_stages(cfg: PipelineConfig, first: str, only: bool) -> List[str]:
@@ -395,21 +415,49 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
         cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(run_dir / "profile.json")))
     if "plan" in before and (run_dir / "plan.json").is_file():
         cfg = planned_config(cfg, load_plan(run_dir / "plan.json", cfg))
-    keep = {k: v for k, v in summary.items() if k not in ("status", "run_dir", "wall_s")}
+    again = cfg.stages[cfg.stages.index(first):]  # their entries come from this run, or not at all
+    keep = {k: v for k, v in summary.items() if k not in ("status", "run_dir", "wall_s", *again)}
     return cfg, {**keep, "stages": list(cfg.stages)}
 
 
 def set_aside(run: Path, stages: List[str]) -> None:
     """The outputs of the stages about to run again go to ``replaced-<time>/``: nothing is lost."""
     aside = run / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-    for stage in stages:
-        for name in STAGE_OUTPUTS.get(stage, ()):
-            if (run / name).exists():
-                aside.mkdir(exist_ok=True)
-                (run / name).rename(aside / name)
+    patterns = [pattern for stage in stages for pattern in STAGE_OUTPUTS.get(stage, ())] + list(REPORT_FILES)
+    for pattern in patterns:
+        for path in sorted(run.glob(pattern)):
+            aside.mkdir(exist_ok=True)
+            path.rename(aside / path.name)
+    if "train" in stages:  # its rows: the curve drawn from metrics.jsonl is the new run's alone
+        _metrics_aside(run / "metrics.jsonl", aside)
+
+
+def _metrics_aside(metrics: Path, aside: Path) -> None:
+    """The train stage's rows of ``metrics.jsonl`` (those of its steps and evaluations) move to
+    ``aside``; the other stages' rows stay."""
+    if not metrics.is_file():
+        return
+    staged, trained = [], []  # (the other stages name themselves in their rows)
+    for line in metrics.read_text().splitlines(keepends=True):
+        (staged if "stage" in _row(line) else trained).append(line)
+    if trained:
+        aside.mkdir(exist_ok=True)
+        (aside / "metrics.jsonl").write_text("".join(trained))
+        metrics.write_text("".join(staged))
+
+
+def _row(line: str) -> Dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except ValueError:  # (a torn last row: the train stage's, cut short)
+        return {}
+    return row if isinstance(row, dict) else {}
 
 
 def latest_run(cfg: PipelineConfig) -> Optional[Path]:
-    """The newest run directory of this pipeline under ``output_dir`` (``--from`` without ``--run-dir``)."""
-    runs = sorted(p for p in Path(cfg.output_dir).glob(f"{cfg.name}-*") if (p / "summary.json").is_file())
-    return runs[-1] if runs else None
+    """The newest run directory of this pipeline under ``output_dir`` (``--from`` without ``--run-dir``):
+    ``<name>-<YYYYmmdd-HHMMSS>[-n]`` exactly (another pipeline named ``<name>-something`` is not this one's)."""
+    ours = re.compile(re.escape(cfg.name) + r"-(\d{8}-\d{6})(?:-(\d+))?")
+    runs = [(match.group(1), int(match.group(2) or 0), p) for p in Path(cfg.output_dir).glob(f"{cfg.name}-*")
+            if (match := ours.fullmatch(p.name)) and (p / "summary.json").is_file()]
+    return max(runs)[2] if runs else None

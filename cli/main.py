@@ -110,8 +110,12 @@ def run(pipeline: Path = PIPELINE, overrides: Optional[List[str]] = OVERRIDES,
         cfg = _config(pipeline, overrides)
         if sum(x is not None for x in (from_stage, only_stage, resume)) > 1:
             raise BidirlError("--from, --only and --resume: give one of them")
-        if dry_run and (from_stage or only_stage or resume):  # (it would have checked none of them)
-            raise BidirlError("--dry-run checks a pipeline as a new run: leave out --from, --only and --resume")
+        if dry_run and (from_stage or only_stage or resume or run_dir):  # (it would have checked none of them)
+            raise BidirlError("--dry-run checks a pipeline as a new run: leave out --from, --only, --resume and "
+                              "--run-dir")
+        if run_dir is not None and not (from_stage or only_stage):  # (a new run, or --resume's own directory)
+            raise BidirlError(f"--run-dir {run_dir}: names the run directory --from or --only run stages again "
+                              "in; give one of them (--resume takes the run directory itself)")
         if dry_run:
             return check(cfg, str(pipeline), list(overrides or []))
         if resume is not None:

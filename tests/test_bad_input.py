@@ -116,6 +116,10 @@ CASES = {
     "a summary that is not an object": (["run", TINY, "stages=[prepare_model,evaluate]", "--only", "evaluate",
                                          "--run-dir", "{tmp}/list-run"], "not a run summary"),
     "a dry run of a re-run": (["run", TINY, "--dry-run", "--from", "evaluate"], "--dry-run"),
+    "a run directory for a new run": (["run", TINY, "--run-dir", "{tmp}/old-run"], "--run-dir"),
+    "a train stage given two pools": (["run", TINY, "stages=[train]", "launch.mode=bidirl"], "launch.mode=bidirl"),
+    "a simulated policy with one device": (["run", "pipelines/sim-32gpu.yaml", "cluster.devices=1",
+                                            "sim.policies=[areal]"], "cluster.devices=1"),
     "a re-run with no earlier run": (["run", TINY, "--from", "evaluate"], "no earlier run of pipeline 'cpu-tiny'"),
     # resuming what cannot be resumed
     "resume a file": (["launch", TINY, "--resume", "{tmp}/a-file"], "a-file: not a run directory"),

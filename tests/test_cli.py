@@ -229,6 +229,34 @@ def test_the_demo_pipeline_profiles_plans_launches_and_compares_into_one_run_dir
         assert section in report
 
 
+def test_a_re_run_without_run_dir_continues_this_pipelines_newest_run_not_one_whose_name_extends_it(tmp_path):
+    from bidirl.config import load_config
+    from bidirl.pipeline import latest_run
+
+    for name in ("gsm8k-20261201-080000", "gsm8k-20261201-080000-1", "gsm8k-smollm2-20261202-090000",
+                 "gsm8k-20261130-235959", "gsm8k-notes"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+    cfg = load_config(None, ["name=gsm8k", f"output_dir={tmp_path}"])
+    assert latest_run(cfg) == tmp_path / "gsm8k-20261201-080000-1"
+
+
+def test_a_train_stage_run_again_sets_its_old_rows_aside_and_keeps_the_other_stages_rows(tmp_path):
+    from bidirl.pipeline import set_aside
+
+    rows = [{"step": 0, "stage": "prepare_model", "base_accuracy": 0.5}, {"step": 1, "reward_mean": 0.2},
+            {"step": 2, "eval_accuracy": 0.6}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew')
+    for name in ("learning_curve.png", "report.md", "report.html"):
+        (tmp_path / name).write_text("old")
+    set_aside(tmp_path, ["train"])
+    (aside,) = tmp_path.glob("replaced-*")
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == rows[:1]
+    assert (aside / "metrics.jsonl").read_text().splitlines()[:2] == [json.dumps(r) for r in rows[1:]]
+    assert sorted(p.name for p in aside.iterdir()) == ["learning_curve.png", "metrics.jsonl", "report.html",
+                                                       "report.md"]
+
+
 def test_only_one_stage_runs_again_into_the_same_run_directory_and_the_old_output_is_kept_aside(tmp_path):
     simulated = ["pipelines/sim-32gpu.yaml", "stages=[plan,compare]", "cluster.devices=4", "train.steps=8",
                  "sim.gantt=false", f"output_dir={tmp_path}"]
@@ -241,6 +269,7 @@ def test_only_one_stage_runs_again_into_the_same_run_directory_and_the_old_outpu
     assert [r["name"] for r in rows] == ["roll", "bidirl"]
     (aside,) = run.glob("replaced-*")
     assert [r["name"] for r in json.loads((aside / "compare.json").read_text())] == ["verl", "areal", "bidirl"]
+    assert (aside / "report.md").is_file() and (run / "report.md").is_file()  # the old report too, and a new one
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and "plan" in summary and set(summary["compare"]) == {"roll", "bidirl"}
     assert_one_line_error(bidirl("run", *simulated, "--from", "launch"), "--from launch", "plan, compare")
