@@ -43,10 +43,11 @@ def plan_section(run: Path) -> List[str]:
              f"Predicted: {plan.get('predicted_samples_per_s', 0):.3g} samples/s, step "
              f"{plan.get('predicted_step_s', 0):.3g} s.", ""]
     alternatives = plan.get("alternatives") or []
-    if alternatives:
-        lines += ["| rollout devices | samples/s | step s |", "|---|---|---|"]
-        lines += [f"| {a.get('rollout_devices')} | {a.get('samples_per_s', 0):.3g} | {a.get('step_s', 0):.3g} |"
-                  for a in alternatives[:6]]
+    if alternatives:  # (the chosen split first, then the best others: planner._plan)
+        lines += ["| split | rollout devices | devices per instance | samples/s | step s |", "|---|---|---|---|---|"]
+        lines += [f"| {'chosen' if i == 0 else 'alternative'} | {a.get('rollout_devices')} | "
+                  f"{a.get('instance_devices', plan.get('instance_devices', 1))} | {a.get('samples_per_s', 0):.3g} | "
+                  f"{a.get('step_s', 0):.3g} |" for i, a in enumerate(alternatives[:6])]
         lines.append("")
     return lines
 
@@ -62,8 +63,10 @@ def profile_section(run: Path) -> List[str]:
 
 
 def run_section(run: Path, folder: str, title: str) -> List[str]:
-    summary = read_json(run / folder / "summary.json") if folder else read_json(run / "summary.json")
-    if not summary or "samples_per_s" not in summary:
+    """A live run's figures: the launch stage's (``folder``: its own summary.json), or the train stage's
+    (``folder`` empty: under ``train`` in the run's summary.json)."""
+    summary = read_json(run / folder / "summary.json") if folder else (read_json(run / "summary.json") or {}).get("train")
+    if not isinstance(summary, dict) or "samples_per_s" not in summary:
         return []
     prefix = f"{folder}/" if folder else ""
     homes = summary.get("homes", [])
@@ -80,6 +83,25 @@ def run_section(run: Path, folder: str, title: str) -> List[str]:
     lines.append(f"- staleness of trained samples: {summary.get('staleness_histogram', {})}")
     lines += ["", "Device time by cause:", ""] + pools(summary.get("time_breakdown", {}))
     lines += image(run, prefix + "learning_curve.png", "learning curve") + image(run, prefix + "gantt.png", "Gantt chart")
+    return lines
+
+
+def simulate_section(run: Path) -> List[str]:
+    """The simulate stage's table (``results.json``), its throughput chart and Gantt charts."""
+    rows = read_json(run / "results.json")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return []
+    best = max(r.get("samples_per_s", 0) for r in rows) or 1.0
+    lines = ["## Simulated policies", "",
+             "| policy | split r/t | eta | samples/s | / best | step s | bound s | efficiency | switches |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.get('policy')} | {r.get('split')} | {r.get('eta')} | {r.get('samples_per_s', 0):.2f} | "
+              f"{r.get('samples_per_s', 0) / best:.2f} | {r.get('step_s', 0):.2f} | {r.get('bound_step_s', 0):.2f} | "
+              f"{r.get('efficiency', 0):.2f} | {r.get('switches', 0)} |" for r in rows]
+    lines += ["", "(bound: the policy-independent lower bound on the step; efficiency: bound / step)", ""]
+    lines += image(run, "throughput.png", "simulated throughput")
+    for r in rows:
+        lines += image(run, f"gantt-{r.get('policy')}.png", f"Gantt chart, {r.get('policy')}")
     return lines
 
 
@@ -100,7 +122,7 @@ def write_report(run: Path) -> Path:
                   f"{evaluation['problems']} problems.", ""]
     lines += profile_section(run) + plan_section(run)
     lines += run_section(run, "launch", "bidirl on the hot-switch runtime") + run_section(run, "", "Training run")
-    lines += compare_section(run)
+    lines += simulate_section(run) + compare_section(run)
     text = "\n".join(lines) + "\n"
     (run / "report.md").write_text(text)
     (run / "report.html").write_text(to_html(text, run))

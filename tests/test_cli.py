@@ -106,6 +106,32 @@ def test_train_stage_writes_metrics_curve_and_checkpoint(tmp_path):
     assert (run_dir / "checkpoint" / "config.json").is_file()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["train"]["final_version"] == 3 and len(summary["train"]["curve"]) == 3
+    report = (run_dir / "report.md").read_text()  # the training run's figures, read from summary["train"]
+    assert "## Training run" in report and "samples/s" in report and "learning_curve.png" in report
+
+
+def test_the_reports_plan_table_marks_the_chosen_split_and_names_each_rows_instance_size(tmp_path):
+    from bidirl.report import plan_section
+
+    alternatives = [{"rollout_devices": 8, "instance_devices": k, "samples_per_s": v, "step_s": 1.0}
+                    for k, v in ((4, 60.1), (2, 53.3), (8, 49.5))]
+    (tmp_path / "plan.json").write_text(json.dumps({"reason": "r", "predicted_samples_per_s": 60.1,
+                                                    "predicted_step_s": 1.0, "alternatives": alternatives}))
+    rows = [line for line in plan_section(tmp_path) if line.startswith("| ") and line[2].isalpha()]
+    assert rows[1:] == ["| chosen | 8 | 4 | 60.1 | 1 |", "| alternative | 8 | 2 | 53.3 | 1 |",
+                        "| alternative | 8 | 8 | 49.5 | 1 |"]
+
+
+def test_a_simulate_stages_report_holds_its_table_and_charts(tmp_path):
+    result = bidirl("run", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=3",
+                    "train.prompts_per_step=16", "cluster.rollout_devices=2", "sim.policies=[areal,bidirl]",
+                    f"output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    (run,) = tmp_path.iterdir()
+    report = (run / "report.md").read_text()
+    assert "## Simulated policies" in report and "| areal | 2/2 |" in report and "| bidirl | 2/2 |" in report
+    assert "gantt-bidirl.png" in report and "throughput.png" in report
+    assert (run / "report.html").read_text().count("data:image/png;base64,") == 3
 
 
 def test_wandb_online_without_an_api_key_is_one_line_and_leaves_no_run_directory(tmp_path):
