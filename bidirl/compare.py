@@ -4,8 +4,9 @@ Where it runs: **live** on the pipeline's own devices when the cluster is here (
 machine has cores for, or GPUs this node has), through the same runtime ``bidirl launch`` starts;
 **simulated** otherwise (a pipeline that describes a cluster that is not here, such as
 ``sim-32gpu.yaml``, or a GPU pipeline on a machine without GPUs), on the performance model the planner
-uses. Either way each policy runs at its own best split (the planner's; on two devices the only one,
-1/1) and every run gets the same seed, so the same prompts.
+uses. Either way each policy runs at its own best split -- the planner's, on ``sim.profile`` or the
+analytic model; on two devices the only one, 1/1; on more CPU devices without a profile, the policy's
+default split -- and every run gets the same seed, so the same prompts.
 
 Every baseline is a *scheduling policy reproduced on bidirl's runtime* and is labelled so, by the
 policy's ``style`` (e.g. "veRL-style colocated synchronous"). The exception is ``trl``: the real TRL
@@ -238,7 +239,8 @@ def print_rows(rows: List[Row]) -> None:
 
     from bidirl.ui import console
 
-    table = Table(title="bidirl against the baselines (each at its own best split; same data and seeds)",
+    table = Table(title="bidirl against the baselines (each at its own split: the planner's where there is a "
+                        "performance model; same data and seeds)",
                   caption=caption(rows))
     for column in HEADER:
         table.add_column(column, justify="left" if column in ("policy", "what it is") else "right")
@@ -257,9 +259,10 @@ def caption(rows: List[Row]) -> str:
 def markdown(rows: List[Row]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
-    notes = ["", "Pools: share of device time busy, then the two largest idle causes (of "
-             f"{', '.join(CATEGORIES)}). Bound / step: the policy-independent lower bound on the mean step "
-             f"over the simulated step (simulated runs only). {caption(rows).capitalize()}."]
+    notes = ["", "Pools: share of device time busy, then the two largest other shares (of "
+             f"{', '.join(CATEGORIES)}: switching, draining and syncing are transitions, not idle). "
+             "Bound / step: the policy-independent lower bound on the mean step over the simulated step "
+             f"(simulated runs only). {caption(rows).capitalize()}."]
     return "\n".join(lines + notes) + "\n"
 
 
@@ -269,7 +272,7 @@ def write(rows: List[Row], out: Path) -> None:
     (out / "compare.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
     (out / "compare.md").write_text(markdown(rows))
     plot_bars([r.name for r in rows], [r.samples_per_s for r in rows], out / "compare_throughput.png",
-              f"{rows[0].where} samples/s")
+              f"{rows[0].where} samples/s", base="bidirl")
     live = [r for r in rows if r.where == "live"]
     if live:
         plot_curves(live, out / "compare_curves.png")

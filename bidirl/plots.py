@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 def read_metrics(path: Path) -> List[dict]:
@@ -105,16 +105,22 @@ def plot_gantt(trace: List[dict], end: float, out: Path, title: str = "") -> Pat
     return out
 
 
-def plot_bars(labels: List[str], values: List[float], out: Path, ylabel: str) -> Path:
+def plot_bars(labels: List[str], values: List[float], out: Path, ylabel: str, base: Optional[str] = None) -> Path:
+    """One bar per label, each annotated with its value over ``base``'s (default the first label's), which
+    the title names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    base = base if base in labels else labels[0]
+    reference = values[labels.index(base)]
     fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 4))
     bars = ax.bar(labels, values, color="#2b83ba")
     for bar, value in zip(bars, values):
-        ax.annotate(f"{value / values[0]:.2f}x", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
+        ratio = f"{value / reference:.2f}x" if reference else "-"
+        ax.annotate(ratio, (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
+    ax.set_title(f"above each bar: its samples/s over {base}'s", fontsize=9)
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -13,6 +13,7 @@ Layout::
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -51,7 +52,9 @@ class RunDir:
             self._metrics.close()
             shutil.rmtree(self.path)  # no half-made run directory for a run that never started
             raise
-        self.started = time.time()
+        # ``started``: the metrics' clock (time_s), which a training run restarts when its RL begins;
+        # ``opened``: this process's, for the summary's wall_s
+        self.started = self.opened = time.time()
 
     @classmethod
     def existing(cls, cfg: PipelineConfig, path: Path) -> "RunDir":
@@ -85,15 +88,15 @@ class RunDir:
         except BidirlError:
             run._metrics.close()
             raise
-        run.started = time.time()
+        run.started = run.opened = time.time()
         return run
 
     def log(self, step: int, time_s: Optional[float] = None, **metrics: Any) -> None:
         """One metrics row; ``time_s`` defaults to now (pass it for something measured earlier)."""
         row = {"step": step, "time_s": round(time.time() - self.started, 3) if time_s is None else time_s, **metrics}
-        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.write(json.dumps(finite(row), allow_nan=False) + "\n")
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            self._wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
     def table(self, name: str, columns: List[str], rows: List[List[Any]]) -> None:
         """A table for W&B (the comparison); the run directory has its own copy (compare.json/md)."""
@@ -103,8 +106,8 @@ class RunDir:
             self._wandb.log({name: wandb.Table(columns=columns, data=rows)})
 
     def finish(self, summary: Dict[str, Any]) -> None:
-        summary = {"run_dir": str(self.path), "wall_s": round(time.time() - self.started, 1), **summary}
-        _write_atomic(self.path / "summary.json", json.dumps(summary, indent=2, default=str))
+        summary = {"run_dir": str(self.path), "wall_s": round(time.time() - self.opened, 1), **summary}
+        _write_atomic(self.path / "summary.json", json.dumps(finite(summary), indent=2, default=str, allow_nan=False))
         lines = [f"# {self.path.name}", ""] + _markdown_items(summary)
         _write_atomic(self.path / "summary.md", "\n".join(lines) + "\n")
         if self._wandb is not None:  # the figures and the final numbers, as metrics.jsonl/summary.json hold them
@@ -148,7 +151,7 @@ def _start_wandb(cfg: PipelineConfig, path: Path, resume: bool = False, rerun: s
 
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
-        return wandb.init(
+        run = wandb.init(
             project=cfg.logging.wandb_project,
             name=path.name,
             group=os.environ.get(WANDB_GROUP_VARIABLE) or path.name,  # a pipeline's or compare's runs, together
@@ -158,9 +161,27 @@ def _start_wandb(cfg: PipelineConfig, path: Path, resume: bool = False, rerun: s
             id=_wandb_id(path) + (f"-{rerun}" if rerun else ""), resume="allow" if resume else None,
             config=OmegaConf.to_container(OmegaConf.structured(cfg)),
         )
+        # every metric is plotted against the run's own step, logged as a value: W&B's internal step only
+        # grows, and it dropped what was logged at an earlier one -- the held-out evaluations, logged
+        # after training at steps 0, eval_every, ... (all but the last)
+        run.define_metric("step")
+        run.define_metric("*", step_metric="step")
+        return run
     except Exception as exc:  # e.g. online mode without an API key fails at once
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BidirlError(f"logging.wandb_mode={cfg.logging.wandb_mode}: W&B did not start ({first})") from None
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity made None (JSON ``null``): Python writes them as ``NaN`` and
+    ``Infinity``, which are not JSON, and strict readers (jq, most languages) refuse the whole file."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _wandb_id(path: Path) -> str:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from bidirl.data import PromptSampler, Problem
 from bidirl.runtime.checkpoints import FOLDER, latest_good, partial_path, seal, sealed, verify
@@ -229,3 +230,49 @@ def test_a_resumed_run_directory_continues_its_own_wandb_run_rather_than_startin
     # name: two processes starting in the same second give the second folder a "-1" suffix.
     run_ids = {log.stem.removeprefix("run-") for folder in attempts for log in folder.glob("run-*.wandb")}
     assert len(run_ids) == 1  # one run id
+
+
+def test_every_metric_reaches_wandb_against_the_runs_own_step_even_logged_after_a_later_one(tmp_path, monkeypatch):
+    # held-out evaluations are logged after training, at steps 0, eval_every, ...; W&B drops a row logged
+    # at an internal step below its last, so each row carries its step as a value W&B plots against
+    import wandb
+
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    class Recorder:  # (W&B itself, at the edge: what bidirl hands it)
+        def __init__(self, **_):
+            self.rows, self.defined = [], []
+
+        def define_metric(self, name, **options):
+            self.defined.append((name, options))
+
+        def log(self, row, **options):
+            assert not options, "no internal step: it must only grow"
+            self.rows.append(row)
+
+        def finish(self):
+            pass
+
+    recorder = Recorder()
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: recorder)
+    run = RunDir(small_config("logging.wandb_mode=offline"), path=tmp_path / "run")
+    run.log(3, reward_mean=0.4)
+    run.log(0, time_s=12.5, eval_accuracy=0.6)
+    run.close()
+    assert ("*", {"step_metric": "step"}) in recorder.defined
+    assert recorder.rows == [{"step": 3, "time_s": recorder.rows[0]["time_s"], "reward_mean": 0.4},
+                             {"step": 0, "time_s": 12.5, "eval_accuracy": 0.6}]
+
+
+def test_a_nan_or_infinite_figure_is_written_as_json_null_so_strict_readers_can_read_the_run(tmp_path):
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    run = RunDir(small_config(), path=tmp_path / "run")
+    run.log(1, grad_norm=float("nan"), loss=float("inf"), reward_mean=0.5)
+    run.finish({"status": "ok", "train": {"accuracy_end": float("nan"), "curve": [[0, float("-inf")]]}})
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert row["grad_norm"] is None and row["loss"] is None and row["reward_mean"] == 0.5
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert summary["train"] == {"accuracy_end": None, "curve": [[0, None]]}

@@ -319,3 +319,13 @@ def test_compare_runs_the_real_trl_grpo_trainer_beside_the_reproduced_policies(t
     rewards = [json.loads(line) for line in (run / "compare" / "trl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rewards if "reward_mean" in r] == [1, 2, 3]  # TRL trained three steps
     assert "except trl: the real library" in (run / "compare.md").read_text()
+
+
+def test_a_bar_chart_names_what_its_ratios_are_over_and_survives_a_policy_that_made_nothing(tmp_path):
+    from matplotlib import pyplot  # noqa: F401  (the backend the plot picks)
+
+    from bidirl.plots import plot_bars
+
+    plot_bars(["verl", "bidirl"], [0.0, 2.0], tmp_path / "a.png", "samples/s")  # (the base made nothing: "-")
+    plot_bars(["verl", "bidirl"], [1.0, 2.0], tmp_path / "b.png", "samples/s", base="bidirl")
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0

@@ -72,7 +72,7 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
     base = results[0].samples_per_s
     for r in results:
         table.add_row(r.policy, r.split, f"{r.eta:g}",
-                      f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}", f"{r.step_s:.2f}",
+                      f"{r.samples_per_s:.2f}", f"{r.samples_per_s / base:.2f}" if base else "-", f"{r.step_s:.2f}",
                       f"{r.bound_step_s:.2f}", f"{r.efficiency:.2f}", breakdown_cell(r.time_breakdown.get("rollout")),
                       breakdown_cell(r.time_breakdown.get("train")), str(r.switches),
                       f"{r.leases.get('rollout->train', {}).get('leases', 0)} / "
