@@ -169,16 +169,19 @@ def live_device_budget(cfg: PipelineConfig) -> Optional[DeviceBudget]:
 
 def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[int] = None,
          workload: Optional[Workload] = None, check_memory: bool = True,
-         driver: Optional[DriverCapabilities] = None) -> Plan:
+         driver: Optional[DriverCapabilities] = None, splits: Optional[List[int]] = None) -> Plan:
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
     the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run), over ``horizon`` steps
-    (default :func:`horizon_steps`); impossible settings are BidirlError."""
+    (default :func:`horizon_steps`), among ``splits`` if given (rollout devices; a replica's that stand for
+    the full cluster's legal ones); impossible settings are BidirlError."""
     if not cfg.cluster.instance_devices:
         return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
     legal = preflight(cfg, policy, check_memory)
+    if splits is not None:
+        legal = [x for x in legal if x in splits] or legal
     short = planning_config(cfg, horizon, policy)
     steps = short.train.steps
     devices = cfg.cluster.devices
@@ -339,9 +342,14 @@ def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: 
                      workload: Optional[Workload], horizon: Optional[int], driver: Optional[DriverCapabilities]) -> Plan:
     """Memory is checked on the full cluster (``legal``), not on the replica, whose pools are smaller."""
     devices, factor = cfg.cluster.devices, cfg.cluster.devices / REPLICA
+    u = max(1, cfg.algorithm.updates_per_sync)  # (it must divide the batch: the replica's too)
     replica = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, devices=REPLICA), train=dataclasses.replace(
-        cfg.train, prompts_per_step=max(1, round(cfg.train.prompts_per_step / factor))))
-    small = plan(replica, policy, horizon, workload, check_memory=False, driver=driver)
+        cfg.train, prompts_per_step=max(u, u * round(cfg.train.prompts_per_step / factor / u))))
+    # the replica's splits that stand for a legal one (memory is the full cluster's), each for the legal
+    # split nearest its scaled size: what it scores is what the cluster would run
+    stands_for = {x: min(legal, key=lambda y: abs(y - x * factor)) for x in range(1, REPLICA)}
+    allowed = [x for x in range(1, REPLICA) if abs(stands_for[x] - x * factor) <= factor / 2]
+    small = plan(replica, policy, horizon, workload, check_memory=False, driver=driver, splits=allowed or None)
     scaled = [Candidate(min(legal, key=lambda x: abs(x - a["rollout_devices"] * factor)), a["samples_per_s"] * factor,
                         a["step_s"]) for a in small.alternatives]
     chosen = Candidate(min(legal, key=lambda x: abs(x - small.rollout_devices * factor)),
@@ -536,4 +544,13 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if cfg.cluster.instance_devices and k != cfg.cluster.instance_devices:  # 0: the planner's choice, any size
         raise BidirlError(f"{path}: planned for instances of {k} devices but the pipeline has "
                           f"cluster.instance_devices={cfg.cluster.instance_devices}; plan again with `bidirl plan`")
+    if data["devices"] % k or data["rollout_devices"] % k:  # (the run would round the split to whole instances)
+        raise BidirlError(f"{path}: key 'rollout_devices' ({data['rollout_devices']} of {data['devices']}) must be "
+                          f"whole instances of {k} devices; plan again with `bidirl plan`")
+    if not data["rollout_devices"] and not POLICIES[data["policy"]].synchronous:
+        raise BidirlError(f"{path}: key 'rollout_devices' is 0 (colocated), but policy '{data['policy']}' has a "
+                          "rollout and a train pool; plan again with `bidirl plan`")
+    if data["policy"] != cfg.launch.mode:  # (a split is the best for the policy it was planned for)
+        raise BidirlError(f"{path}: planned for policy '{data['policy']}' but the pipeline has "
+                          f"launch.mode={cfg.launch.mode}; plan again with `bidirl plan`")
     return Plan(**{n: data[n] for n in names if n != "instance_devices"}, instance_devices=k)

@@ -599,7 +599,9 @@ def plot_profile(profile: Profile, path: Path) -> Path:
 
 
 def progress_steps(cfg: PipelineConfig) -> int:
-    return 1 + DECODE_PASSES + 1 + 1 + 3 + 1 + 1 + 1
+    """The ``advance()`` calls of :func:`profile_devices`: start-up, each decode pass, the lengths, each
+    training size (:func:`training_sizes`: 3), the requests, the hosts' co-running and the weights."""
+    return 1 + DECODE_PASSES + 1 + 3 + 1 + 1 + 1
 
 
 def summary_line(profile: Profile) -> str:

@@ -212,6 +212,15 @@ def test_the_simulator_slows_decoding_on_a_shared_host_while_another_device_deco
     (lambda d: {**d, "step_overhead": {"per_micro_batch_s": 0.004, "finish_s": "slow"}},
      "key 'step_overhead.finish_s' must be a finite number >= 0"),
     (lambda d: {**d, "warmup": {"rollout_s": -2.0, "train_s": 0}}, "key 'warmup.rollout_s' must be a finite number >= 0"),
+    # sections of the wrong shape (a list, a string, a number where a mapping goes), found in review
+    (lambda d: {**d, "requests": [1, 2]}, "key 'requests' must be a mapping"),
+    (lambda d: {**d, "warmup": "x"}, "key 'warmup' must be a mapping"),
+    (lambda d: {**d, "co_running": [1]}, "key 'co_running' must be a mapping"),
+    (lambda d: {**d, "step_overhead": 3}, "key 'step_overhead' must be a mapping"),
+    (lambda d: {**d, "meta": "abc"}, "key 'meta' must be a mapping"),
+    (lambda d: {**d, "capacity": True}, "key 'capacity' must be a positive integer"),
+    (lambda d: {**d, "prefill": {**d["prefill"], "coefficients": {"per_token": -1e-4}}},
+     "key 'prefill.coefficients.per_token' must be a finite number >= 0"),
 ])
 def test_a_corrupt_profile_is_one_line_naming_the_file_and_the_key(tmp_path, damage, message):
     data = json.loads(synthetic_profile().to_json())
@@ -299,6 +308,19 @@ def test_a_plan_round_trips_and_one_that_no_longer_fits_the_pipeline_is_refused(
         load_plan(path, small("cluster.devices=16"))
     path.write_text(json.dumps({**json.loads(path.read_text()), "rollout_devices": "four"}))
     with pytest.raises(BidirlError, match="key 'rollout_devices' must be a whole number"):
+        load_plan(path, cfg)
+
+
+@pytest.mark.parametrize("edit,culprit", [
+    ({"rollout_devices": 3, "instance_devices": 2}, "must be whole instances of 2 devices"),
+    ({"rollout_devices": 0}, "is 0 \\(colocated\\), but policy 'bidirl' has a rollout and a train pool"),
+    ({"policy": "areal"}, "planned for policy 'areal' but the pipeline has launch.mode=bidirl"),
+])
+def test_a_plan_that_the_run_would_follow_differently_is_refused_naming_the_key(tmp_path, edit, culprit):
+    cfg = small("launch.mode=bidirl", "cluster.instance_devices=0")  # (any instance size may be loaded)
+    path = write_plan(plan(small("launch.mode=bidirl"), horizon=6), tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    with pytest.raises(BidirlError, match=culprit):
         load_plan(path, cfg)
 
 
@@ -518,6 +540,24 @@ def test_a_large_cluster_is_planned_on_a_replica_with_the_same_batch_per_device(
     result = plan(small("cluster.devices=256", "train.prompts_per_step=2048"), horizon=4)
     assert "64-device replica" in result.reason and 0 < result.rollout_devices < 256
     assert result.rollout_devices % 4 == 0  # a replica split, scaled by 4
+
+
+def test_a_replica_scores_only_splits_that_stand_for_ones_the_full_cluster_can_hold():
+    # a 32B model on 128 H100s: the train pool needs 103 devices or more, so 25 rollout devices at most. The
+    # replica (64 devices) is searched among the splits that scale to a legal one, so the plan's throughput
+    # is that of the split it names, and its alternatives are distinct splits
+    cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=128", "sim.model=32B", "sim.workload=dapo-28k",
+                                                   "train.prompts_per_step=64", "rollout.group_size=4"])
+    result = plan(cfg, "areal", horizon=1)
+    assert result.rollout_devices <= 25 == max(preflight(cfg, "areal", True))
+    splits = [a["rollout_devices"] for a in result.alternatives]
+    assert len(splits) == len(set(splits)) > 1 and max(splits) <= 25
+
+
+def test_a_replicas_batch_stays_a_multiple_of_the_updates_per_sync():
+    cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=96", "train.prompts_per_step=1000",
+                                                   "algorithm.updates_per_sync=4", "launch.mode=verl-async"])
+    assert "64-device replica" in plan(cfg, horizon=2).reason  # (the replica's 667 prompts were refused)
 
 
 def test_replanning_on_drifting_lengths_moves_devices_between_pools_and_keeps_every_invariant():

@@ -274,8 +274,12 @@ def load_profile(path: str | Path) -> Profile:
         weights = _numbers(data, "weights", WEIGHT_KEYS)
         switch = _numbers(data, "switch", SWITCH_KEYS)
         logprob = _fit(data, "logprob", ("fixed_s", "per_token_s")) if data.get("logprob") is not None else None
+        for section, slope in (("prefill", "per_token"), ("train", "per_token_s"), ("logprob", "per_token_s")):
+            fit = fits.get(section) or (logprob if section == "logprob" else None)
+            if fit is not None and fit.coefficients[slope] < 0:  # (an intercept may be negative; a slope not)
+                raise _Bad(f"{section}.coefficients.{slope}", "a finite number >= 0 (seconds per token)")
         capacity = data["capacity"]
-        if not isinstance(capacity, int) or capacity < 1:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise _Bad("capacity", "a positive integer")
         workload = data.get("workload")
         if workload is not None:
@@ -295,7 +299,8 @@ def load_profile(path: str | Path) -> Profile:
                 raise _Bad("workload.mean_tokens", "above 0 (and workload.cap at least 1)")
         co_running = None
         if data.get("co_running") is not None:
-            co_running = {**data["co_running"], **_numbers(data, "co_running", ("decode", "train"))}
+            factors = _numbers(data, "co_running", ("decode", "train"))  # (a mapping: checked before it is merged)
+            co_running = {**data["co_running"], **factors}
             if min(co_running["decode"], co_running["train"]) <= 0:
                 raise _Bad("co_running.decode", "a slowdown factor above 0 (and co_running.train too)")
             if "decode_beside_decode" in data["co_running"]:  # optional: older profiles did not measure it
@@ -304,19 +309,25 @@ def load_profile(path: str | Path) -> Profile:
                     raise _Bad("co_running.decode_beside_decode", "a slowdown factor above 0")
         requests = None
         if data.get("requests") is not None:  # optional: older profiles did not measure it
-            requests = {**data["requests"], **_numbers(data, "requests", ("per_request_s",))}
+            measured = _numbers(data, "requests", ("per_request_s",))
+            requests = {**data["requests"], **measured}
         warmup = None
         if data.get("warmup") is not None:  # optional: older profiles did not measure it
-            warmup = {**data["warmup"], **_numbers(data, "warmup", WARMUP_KEYS)}
+            measured = _numbers(data, "warmup", WARMUP_KEYS)
+            warmup = {**data["warmup"], **measured}
         step_overhead = None
         if data.get("step_overhead") is not None:  # optional: older profiles did not measure it
-            step_overhead = {**data["step_overhead"], **_numbers(data, "step_overhead", OVERHEAD_KEYS)}
+            measured = _numbers(data, "step_overhead", OVERHEAD_KEYS)
+            step_overhead = {**data["step_overhead"], **measured}
+        meta = data.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise _Bad("meta", "a mapping")
     except KeyError as exc:
         raise BidirlError(f"{path}: missing key {exc.args[0]!r}; measure it again with `bidirl profile`") from None
     except _Bad as exc:
         raise BidirlError(f"{path}: key '{exc.key}' must be {exc.expected}") from None
     return Profile(str(data.get("device", "?")), fits["decode"], fits["prefill"], fits["train"], weights, switch,
-                   capacity, workload, dict(data.get("meta") or {}), logprob, co_running, requests, warmup,
+                   capacity, workload, dict(meta), logprob, co_running, requests, warmup,
                    step_overhead)
 
 
