@@ -45,6 +45,20 @@ def test_fits_recover_known_coefficients_from_synthetic_points():
     assert line.coefficients == pytest.approx({"fixed_s": 0.1, "per_token_s": 3e-4})
 
 
+def test_a_streamed_steps_parts_cost_what_the_whole_batch_does_even_under_a_negative_fitted_intercept():
+    # real profiles fit intercepts of -0.02 to -0.16 s (points far from 0 tokens); the intercept is charged
+    # once per step, and the rest per part, so a negative one must not come off every part
+    from bidirl.sim.costs import CalibratedCosts
+    from bidirl.perf.workload import preset
+
+    for fixed in (-0.1, 0.05):
+        model = synthetic_profile(train=Fit({"fixed_s": fixed, "per_token_s": 2e-4}, 0.03)).model()
+        costs = CalibratedCosts(model, preset("gsm8k"), group_size=4, steps=10, seed=0)
+        whole = model.train_compute_seconds(4000) - costs.train_fixed_s
+        parts = 8 * (model.train_compute_seconds(500) - costs.train_fixed_s)
+        assert parts == pytest.approx(whole) == pytest.approx(2e-4 * 4000)
+
+
 def test_a_decode_fit_never_trades_one_term_below_zero_against_another():
     # one profile's points as measured: its largest batch timed in a slow minute read 37.6 ms at the usual
     # context and 25.4 ms at a longer one, and plain least squares made the context term negative
