@@ -233,9 +233,9 @@ def preflight(cfg: PipelineConfig) -> None:
     if cfg.sim.profile:
         if not Path(cfg.sim.profile).is_file():
             raise BidirlError(f"sim.profile={cfg.sim.profile}: no such file (run `bidirl profile` first)")
-        from bidirl.perf.fitted import load_profile
+        from bidirl.sim.run import sim_workload
 
-        load_profile(cfg.sim.profile)
+        sim_workload(cfg)  # (it reads the profile: a malformed one, or one measured for other settings, fails)
     if "plan" in cfg.stages and "profile" not in cfg.stages[: cfg.stages.index("plan")]:
         from bidirl.planner import preflight as plan_preflight
 

@@ -58,7 +58,8 @@ from typing import Any, Callable, Dict, List
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.perf.fitted import SWITCH_KEYS, WEIGHT_KEYS, Fit, Profile, fit_decode, fit_line, fit_workload
+from bidirl.perf.fitted import (SWITCH_KEYS, WEIGHT_KEYS, Fit, Profile, fit_decode, fit_line, fit_workload,
+                                measured_with)
 from bidirl.samples import Sample, SamplingParams
 
 REPEATS = 3  # each timing is the median of this many runs
@@ -329,6 +330,7 @@ def profile_devices(cfg: PipelineConfig, out: Path, advance: Callable[..., None]
         weights={"load_s": load_s, "publish_s": publish_s, "bytes": float(weight_bytes)},
         switch={"to_rollout_s": load_s, "to_train_s": to_train_s}, capacity=capacity, workload=workload,
         meta={"model": model.path, "rollout_engine": cfg.rollout.engine, "train_engine": cfg.train.engine,
+              **measured_with(cfg),
               "threads": 1, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": parts.seconds},
         logprob=logprob, co_running=co_running, requests=requests, step_overhead=overhead,
         warmup={**{f"{stage}_s": max(0.0, cold - warm) for stage, (cold, warm) in warmup.items()},

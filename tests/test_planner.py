@@ -59,6 +59,20 @@ def test_a_streamed_steps_parts_cost_what_the_whole_batch_does_even_under_a_nega
         assert parts == pytest.approx(whole) == pytest.approx(2e-4 * 4000)
 
 
+def test_a_profile_used_with_another_cap_group_size_or_task_than_it_measured_is_one_line(tmp_path):
+    from bidirl.sim.run import sim_workload
+
+    measured = {"rollout.max_new_tokens": 8, "rollout.group_size": 4, "data.task": "basic_arithmetic"}
+    (tmp_path / "profile.json").write_text(synthetic_profile(meta=measured).to_json())
+    cpu = ["cluster.devices=2", f"sim.profile={tmp_path / 'profile.json'}", "rollout.max_new_tokens=8",
+           "rollout.group_size=4", "data.task=basic_arithmetic"]
+    assert sim_workload(small(*cpu)).name == "measured"
+    for changed in ("rollout.max_new_tokens=1024", "rollout.group_size=2", "data.task=chain_sum"):
+        with pytest.raises(BidirlError, match=f"measured with {changed.split('=')[0]}=.* but the pipeline has "
+                                              f"{changed}; profile again"):
+            sim_workload(small(*cpu, changed))
+
+
 def test_a_decode_fit_never_trades_one_term_below_zero_against_another():
     # one profile's points as measured: its largest batch timed in a slow minute read 37.6 ms at the usual
     # context and 25.4 ms at a longer one, and plain least squares made the context term negative

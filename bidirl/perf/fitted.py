@@ -335,6 +335,23 @@ def load_profile(path: str | Path) -> Profile:
                    step_overhead)
 
 
+def measured_with(cfg: Any) -> Dict[str, Any]:
+    """The settings of a pipeline (a ``PipelineConfig``) that shape what its profile measures, kept in the
+    profile's ``meta``: a pipeline that uses the profile with others is refused (:func:`check_profile_fits`)."""
+    return {"rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size,
+            "data.task": cfg.data.task if cfg.data.source == "reasoning_gym" else cfg.data.path}
+
+
+def check_profile_fits(profile: Profile, path: Any, settings: Dict[str, Any]) -> None:
+    """A profile measured the lengths of one task's responses at one cap and group size (and their
+    costs): used with other ``settings`` (key -> the pipeline's value), its workload describes another
+    run. One line naming the first setting that differs; profiles that did not record them pass."""
+    for key, value in settings.items():
+        if key in profile.meta and profile.meta[key] != value:
+            raise BidirlError(f"sim.profile={path}: measured with {key}={profile.meta[key]}, but the pipeline has "
+                              f"{key}={value}; profile again with `bidirl profile PIPELINE` or set it back")
+
+
 class _Bad(Exception):
     def __init__(self, key: str, expected: str):
         self.key, self.expected = key, expected

@@ -109,9 +109,11 @@ def unit_shape(cfg: PipelineConfig) -> RunShape:
 def sim_workload(cfg: PipelineConfig) -> Workload:
     """The measured workload of ``sim.profile`` if it has one, else the ``sim.workload`` preset."""
     if cfg.sim.profile:
-        from bidirl.perf.fitted import load_profile
+        from bidirl.perf.fitted import check_profile_fits, load_profile, measured_with
 
-        measured = load_profile(cfg.sim.profile).measured_workload()
+        profile = load_profile(cfg.sim.profile)
+        check_profile_fits(profile, cfg.sim.profile, measured_with(cfg))
+        measured = profile.measured_workload()
         if measured is not None:
             return measured
     return preset(cfg.sim.workload)
