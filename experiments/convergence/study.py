@@ -24,8 +24,10 @@ ones (a standard error of about 1.3 points at these accuracies), every ``--eval-
 
 Each finished run leaves ``results/steps<N>/<arm>-seed<S>.json`` (its curve, staleness histogram,
 importance-weight statistics, throughput); a rerun skips those, so the study can be run a few arms at a
-time. ``--report`` (also run after every study) writes ``results-steps<N>.md`` and
-``figures/curves-steps<N>.png`` from whatever results exist, and the README quotes them. Nothing is tuned toward a result.
+time -- keyed by arm and seed only: a seed run on another machine's base model is skipped here, so run
+new seeds there. ``--report`` (also run after every study) writes ``results-steps<N>.md`` and one figure
+per base model, ``figures/curves-steps<N>-start<accuracy>.png``, from whatever results exist, and the
+README quotes them. Nothing is tuned toward a result.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -77,7 +80,7 @@ def run_arm(arm: str, seed: int, steps: int, eval_every: int, scratch: Path) -> 
     steps_rows = [r for r in read_jsonl(summary_path.parent / "metrics.jsonl") if "reward_mean" in r]
     weights = [r["importance_weight_mean"] for r in steps_rows if "importance_weight_mean" in r]
     clipped = [r["importance_weight_clipped"] for r in steps_rows if "importance_weight_clipped" in r]
-    return {"arm": arm, "seed": seed, "steps": steps, "overrides": ARMS[arm],
+    return {"arm": arm, "seed": seed, "steps": steps, "overrides": ARMS[arm], "eval_every": eval_every,
             "curve": [(p["samples"], p["accuracy"]) for p in summary["curve"]],
             "accuracy_start": summary["accuracy_start"], "accuracy_end": summary["accuracy_end"],
             "staleness_histogram": summary["staleness_histogram"],
@@ -119,26 +122,30 @@ def eta_of(arm: str) -> str:
 
 
 def report(results: dict) -> str:
+    """One base model's table. Each arm's gaps to sync are over the seeds both ran (the mean of sync over
+    those seeds, not over all of sync's: arms were run at different seeds), as is sync's spread beside them."""
     if not results:
         return "no results yet"
-    sync = [r["accuracy_end"] for r in results.get("sync", [])]
-    sync_mean = statistics.fmean(sync) if sync else None
+    sync = {r["seed"]: r for r in results.get("sync", [])}
     lines = ["| arm | eta | seeds | held-out accuracy at start | at end, mean [min, max] | gain (points) | "
-             "end - sync mean (points) | sync's seed spread (points) | late mean, mean [min, max] | "
-             "late - sync late (points) | staleness histogram (samples) | importance weight mean | clipped share | "
-             "samples/s |", "|" + "---|" * 14]
-    sync_late = [late_mean(r) for r in results.get("sync", [])]
-    sync_late_mean = statistics.fmean(sync_late) if sync_late else None
-    sync_spread = f"{100 * (max(sync) - min(sync)):.1f}" if len(sync) > 1 else "-"
+             "end - sync, same seeds (points) | sync's spread, those seeds (points) | late mean, mean [min, max] | "
+             "late - sync late, same seeds (points) | staleness histogram (samples) | importance weight mean | "
+             "clipped share | samples/s |", "|" + "---|" * 14]
     for arm in ARMS:
         rows = results.get(arm)
         if not rows:
             continue
         ends = [r["accuracy_end"] for r in rows]
         gains = [r["accuracy_end"] - r["accuracy_start"] for r in rows]
-        gap = f"{100 * (statistics.fmean(ends) - sync_mean):+.1f}" if sync_mean is not None else "-"
+        both = [r for r in rows if r["seed"] in sync]  # (sync itself: every one of its seeds, a gap of 0)
+        theirs = [sync[r["seed"]] for r in both]
+        def difference(of: Callable[[dict], float]) -> str:
+            return f"{100 * (statistics.fmean(map(of, both)) - statistics.fmean(map(of, theirs))):+.1f}" if both else "-"
+
+        gap, late_gap = difference(lambda r: r["accuracy_end"]), difference(late_mean)
+        sync_ends = [s["accuracy_end"] for s in theirs]
+        sync_spread = f"{100 * (max(sync_ends) - min(sync_ends)):.1f}" if len(sync_ends) > 1 else "-"
         lates = [late_mean(r) for r in rows]
-        late_gap = f"{100 * (statistics.fmean(lates) - sync_late_mean):+.1f}" if sync_late_mean is not None else "-"
         late = f"{spread(lates)} | {late_gap}"
         histogram: dict = {}
         for r in rows:
@@ -229,9 +236,12 @@ def paired(results: dict) -> str:
 def write_report(steps: int) -> None:
     results = load_results(steps)
     sections = []
+    tags: set = set()
     for start, group in by_base_model(results):  # (named by its start accuracy: the order can change)
         seeds = sorted({r["seed"] for rows in group.values() for r in rows})
         tag = f"{100 * start:.1f}".replace(".", "")  # 65.5% -> start655
+        tag = tag if tag not in tags else f"{100 * start:.2f}".replace(".", "")  # (two models 0.1 apart)
+        tags.add(tag)
         figure = f"figures/curves-steps{steps}-start{tag}.png"
         sections.append(f"## The base model at {100 * start:.1f}% held-out at start, seeds "
                         f"{', '.join(map(str, seeds))}\n\n{report(group)}\n\n![curves]({figure})")
@@ -250,7 +260,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run (the CPU default's 200)")
     parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--report", action="store_true", help="only rebuild results.md and the plot")
+    parser.add_argument("--report", action="store_true",
+                        help="only rebuild results-steps<N>.md and its figures (figures/curves-steps<N>-start<acc>.png)")
     args = parser.parse_args()
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
