@@ -149,9 +149,11 @@ def leases(entry: dict) -> str:
 
 
 def print_tables(results: dict, scaled: list) -> None:
+    # (means over the rounds up to the errors; the columns after them are the last round's)
     print("\n| setting | policy | samples/s measured, mean (rounds) | predicted | error | steady step s, measured | "
-          "predicted | error | generating / training device-s per step, measured | predicted | busy, measured | "
-          "busy, predicted | switches measured / predicted | leases measured | leases predicted |")
+          "predicted | error | generating / training device-s per step, measured (last round) | predicted | "
+          "busy, measured (last round) | busy, predicted | switches measured / predicted (last round) | "
+          "leases measured (last round) | leases predicted |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rounds in results.items():
         for policy in POLICIES:
@@ -162,12 +164,22 @@ def print_tables(results: dict, scaled: list) -> None:
             ms = statistics.fmean(c["measured_steady_step_s"] for c in cells)
             ps = statistics.fmean(c["predicted_steady_step_s"] for c in cells)
             print(f"| {name} | {policy} | {m:.1f} ({', '.join(f'{x:.1f}' for x in measured)}) | {p:.1f} | "
-                  f"{100 * (p - m) / m:+.0f}% | {ms:.3f} | {ps:.3f} | {100 * (ps - ms) / ms:+.0f}% | "
+                  f"{100 * (p - m) / m:+.1f}% | {ms:.3f} | {ps:.3f} | {100 * (ps - ms) / ms:+.1f}% | "
                   f"{work(cells[-1]['measured_work_per_step'])} | {work(cells[-1]['predicted_work_per_step'])} | "
                   f"{busy(cells[-1]['measured_breakdown'])} | "
                   f"{busy(cells[-1]['predicted_breakdown'])} | {cells[-1]['measured_switches']} / "
                   f"{cells[-1]['predicted_switches']} | {leases(cells[-1]['measured_leases'])} | "
                   f"{leases(cells[-1]['predicted_leases'])} |")
+
+    def error(cells: list, key: str) -> float:  # (of the means over rounds, as the table prints them)
+        predicted = statistics.fmean(c[f"predicted_{key}"] for c in cells)
+        return predicted / statistics.fmean(c[f"measured_{key}"] for c in cells) - 1
+
+
+    errors = [error([r[policy] for r in rounds], key) for rounds in results.values() for policy in POLICIES
+              for key in ("samples_per_s", "steady_step_s")]
+    print(f"\nwithin 10% (unrounded): steady step {sum(abs(e) <= 0.10 for e in errors[1::2])} of {len(errors) // 2} "
+          f"cells, samples/s {sum(abs(e) <= 0.10 for e in errors[0::2])} of {len(errors) // 2}")
     if scaled:
         print("\n| setting | length spread | " + " | ".join(f"{d} devices" for d in DEVICE_COUNTS) + " |")
         print("|---|---|" + "---|" * len(DEVICE_COUNTS))

@@ -75,6 +75,9 @@ def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
     """``bidirl launch`` into ``root``; a finished run already there is reused."""
     runs = root / f"live-{policy}"
     done = sorted(runs.glob("*/summary.json")) if runs.exists() else []
+    wanted = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("train.steps=")), None)
+    if done and wanted is not None and json.loads(done[-1].read_text()).get("steps") != wanted:
+        raise SystemExit(f"{done[-1].parent}: a kept run of other train.steps than {wanted}: use another --work")
     if not done:
         subprocess.run([BIDIRL, "launch", pipeline, *overrides, f"launch.mode={policy}",
                         f"output_dir={runs}"], capture_output=True, text=True, check=True)
