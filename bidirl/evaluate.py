@@ -14,6 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from bidirl.data import Problem
 from bidirl.reward import numeric_reward
+from bidirl.samples import stop_token_ids
 
 
 @dataclass
@@ -83,6 +84,6 @@ def _greedy(model: Any, tokenizer: Any, prompts: List[str], max_new_tokens: int,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=stop_token_ids(model.generation_config, tokenizer.eos_token_id),  # (as the engines stop)
         )
     return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)

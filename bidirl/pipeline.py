@@ -343,7 +343,7 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
         first = "launch"
     if first is not None:
         stages = rerun_stages(cfg, first, only)
-        cfg, summary = restored(cfg, run_dir, first, resume)
+        cfg, summary = restored(cfg, run_dir, first, resume, only)
         preflight(dataclasses.replace(cfg, stages=stages))
         run = RunDir.existing(cfg, run_dir)
         again = "resuming its launch stage" if resume else f"again from stage '{first}'{', only' if only else ''}"
@@ -389,8 +389,11 @@ def rerun_stages(cfg: PipelineConfig, first: str, only: bool) -> List[str]:
     return [first] if only else cfg.stages[cfg.stages.index(first):]
 
 
+SUMMARY_KEYS = {"prepare_model": "model", "evaluate": "evaluation"}  # a stage's entry in summary.json (else its name)
+
+
 def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
-             resume: bool = False) -> Tuple[PipelineConfig, State]:
+             resume: bool = False, only: bool = False) -> Tuple[PipelineConfig, State]:
     """What the stages before ``first`` left in ``run_dir``, as they would have handed it on: the
     profile (``sim.profile``), the plan's split, the previous summary. ``resume``: a run whose pipeline
     process was killed (SIGKILL, a lost machine) wrote no summary; its stages' files are enough."""
@@ -415,8 +418,9 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
         cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(run_dir / "profile.json")))
     if "plan" in before and (run_dir / "plan.json").is_file():
         cfg = planned_config(cfg, load_plan(run_dir / "plan.json", cfg))
-    again = cfg.stages[cfg.stages.index(first):]  # their entries come from this run, or not at all
-    keep = {k: v for k, v in summary.items() if k not in ("status", "run_dir", "wall_s", *again)}
+    again = [first] if only else cfg.stages[cfg.stages.index(first):]  # their entries: this run's, or none
+    dropped = {"status", "run_dir", "wall_s", *(SUMMARY_KEYS.get(stage, stage) for stage in again)}
+    keep = {k: v for k, v in summary.items() if k not in dropped}
     return cfg, {**keep, "stages": list(cfg.stages)}
 
 
@@ -428,22 +432,21 @@ def set_aside(run: Path, stages: List[str]) -> None:
         for path in sorted(run.glob(pattern)):
             aside.mkdir(exist_ok=True)
             path.rename(aside / path.name)
-    if "train" in stages:  # its rows: the curve drawn from metrics.jsonl is the new run's alone
-        _metrics_aside(run / "metrics.jsonl", aside)
+    _metrics_aside(run / "metrics.jsonl", aside, stages)  # (the train stage's curve: the new run's alone)
 
 
-def _metrics_aside(metrics: Path, aside: Path) -> None:
-    """The train stage's rows of ``metrics.jsonl`` (those of its steps and evaluations) move to
-    ``aside``; the other stages' rows stay."""
+def _metrics_aside(metrics: Path, aside: Path, stages: List[str]) -> None:
+    """The rows of ``metrics.jsonl`` that ``stages`` logged move to ``aside``; the other stages' rows stay.
+    A stage names itself in its rows (``stage``); the train stage's steps and evaluations do not."""
     if not metrics.is_file():
         return
-    staged, trained = [], []  # (the other stages name themselves in their rows)
+    kept, moved = [], []
     for line in metrics.read_text().splitlines(keepends=True):
-        (staged if "stage" in _row(line) else trained).append(line)
-    if trained:
+        (moved if _row(line).get("stage", "train") in stages else kept).append(line)
+    if moved:
         aside.mkdir(exist_ok=True)
-        (aside / "metrics.jsonl").write_text("".join(trained))
-        metrics.write_text("".join(staged))
+        (aside / "metrics.jsonl").write_text("".join(moved))
+        metrics.write_text("".join(kept))
 
 
 def _row(line: str) -> Dict[str, Any]:

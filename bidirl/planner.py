@@ -347,8 +347,9 @@ def _plan_on_replica(cfg: PipelineConfig, policy: str, legal: List[int], start: 
         cfg.train, prompts_per_step=max(u, u * round(cfg.train.prompts_per_step / factor / u))))
     # the replica's splits that stand for a legal one (memory is the full cluster's), each for the legal
     # split nearest its scaled size: what it scores is what the cluster would run
-    stands_for = {x: min(legal, key=lambda y: abs(y - x * factor)) for x in range(1, REPLICA)}
-    allowed = [x for x in range(1, REPLICA) if abs(stands_for[x] - x * factor) <= factor / 2]
+    k = cfg.cluster.instance_devices or 1  # (legal splits are whole instances: k devices apart)
+    stands_for = {x: min(legal, key=lambda y: abs(y - x * factor)) for x in range(k, REPLICA, k)}
+    allowed = [x for x, y in stands_for.items() if abs(y - x * factor) <= k * factor / 2]
     small = plan(replica, policy, horizon, workload, check_memory=False, driver=driver, splits=allowed or None)
     scaled = [Candidate(min(legal, key=lambda x: abs(x - a["rollout_devices"] * factor)), a["samples_per_s"] * factor,
                         a["step_s"]) for a in small.alternatives]

@@ -55,3 +55,13 @@ class Sample:
                       list(self.logprobs) + list(logprobs), min(versions, default=version), finished,
                       self.reward, self.advantage, dict(self.extra),
                       versions if len(set(versions)) > 1 else [])
+
+
+def stop_token_ids(generation_config: Any, eos_token_id: Optional[int]) -> List[int]:
+    """The ids that end a completion: the tokenizer's EOS, then every EOS id the model's generation
+    config lists (a hub instruct model lists its turn end and its text end there: Qwen2.5-Instruct's
+    ``<|im_end|>`` and ``<|endoftext|>``). vLLM stops at all of them too, so both engines end a
+    completion at the same token."""
+    listed = getattr(generation_config, "eos_token_id", None)
+    listed = [listed] if isinstance(listed, int) else list(listed or [])
+    return list(dict.fromkeys(i for i in [eos_token_id, *listed] if i is not None))

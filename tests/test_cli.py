@@ -267,20 +267,33 @@ def test_a_re_run_without_run_dir_continues_this_pipelines_newest_run_not_one_wh
     assert latest_run(cfg) == tmp_path / "gsm8k-20261201-080000-1"
 
 
-def test_a_train_stage_run_again_sets_its_old_rows_aside_and_keeps_the_other_stages_rows(tmp_path):
+def test_stages_run_again_set_their_old_rows_aside_and_keep_the_other_stages_rows(tmp_path):
     from bidirl.pipeline import set_aside
 
-    rows = [{"step": 0, "stage": "prepare_model", "base_accuracy": 0.5}, {"step": 1, "reward_mean": 0.2},
-            {"step": 2, "eval_accuracy": 0.6}]
+    rows = [{"step": 0, "stage": "prepare_model", "base_accuracy": 0.5}, {"step": 0, "stage": "evaluate",
+            "eval_accuracy": 0.5}, {"step": 1, "reward_mean": 0.2}, {"step": 2, "eval_accuracy": 0.6}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew')
     for name in ("learning_curve.png", "report.md", "report.html"):
         (tmp_path / name).write_text("old")
-    set_aside(tmp_path, ["train"])
+    set_aside(tmp_path, ["evaluate", "train"])  # (--from evaluate: the train stage's rows name no stage)
     (aside,) = tmp_path.glob("replaced-*")
     assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == rows[:1]
-    assert (aside / "metrics.jsonl").read_text().splitlines()[:2] == [json.dumps(r) for r in rows[1:]]
+    assert (aside / "metrics.jsonl").read_text().splitlines()[:3] == [json.dumps(r) for r in rows[1:]]
     assert sorted(p.name for p in aside.iterdir()) == ["learning_curve.png", "metrics.jsonl", "report.html",
                                                        "report.md"]
+
+
+def test_a_stage_run_again_alone_keeps_the_summary_entries_of_the_stages_after_it(tmp_path):
+    from bidirl.config import load_config
+    from bidirl.pipeline import restored
+
+    entries = {"model": 1, "evaluation": 2, "profile": 3, "plan": 4, "launch": 5, "compare": 6}
+    (tmp_path / "summary.json").write_text(json.dumps({**entries, "status": "ok", "wall_s": 9}))
+    cfg = load_config("pipelines/cpu-demo.yaml", ["stages=[prepare_model,evaluate,profile,plan,launch,compare]"])
+    only = restored(cfg, tmp_path, "plan", only=True)[1]
+    assert {k: only[k] for k in entries if k in only} == {k: v for k, v in entries.items() if k != "plan"}
+    onward = restored(cfg, tmp_path, "evaluate")[1]  # (--from: every stage from it on runs again)
+    assert {k for k in entries if k in onward} == {"model"}
 
 
 def test_only_one_stage_runs_again_into_the_same_run_directory_and_the_old_output_is_kept_aside(tmp_path):

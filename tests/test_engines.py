@@ -112,6 +112,10 @@ def test_the_hf_engine_ends_a_completion_at_any_eos_id_the_models_generation_con
     first = plain.completion_ids.index(turn_end)
     assert ended.completion_ids == plain.completion_ids[: first + 1] and ended.finished
     assert ended.logprobs == pytest.approx(plain.logprobs[: first + 1])
+    from bidirl.evaluate import _greedy  # held-out evaluation and the TRL peer stop there too
+
+    engine = HFRolloutEngine(str(listed))
+    assert _greedy(engine.model, engine.tokenizer, PROMPTS[:1], 6, torch) == [ended.text]
 
 
 def test_greedy_generation_is_deterministic(model_dir):

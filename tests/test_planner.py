@@ -43,6 +43,11 @@ def test_fits_recover_known_coefficients_from_synthetic_points():
     line = fit_line([{"tokens": t, "seconds": 0.1 + 3e-4 * t} for t in (1000, 2000, 4000)], "tokens", "seconds",
                     ("fixed_s", "per_token_s"))
     assert line.coefficients == pytest.approx({"fixed_s": 0.1, "per_token_s": 3e-4})
+    # points far from 0 tokens whose line would cross below 0: the best line through the origin instead
+    far = [{"tokens": t, "seconds": -0.2 + 3e-4 * t} for t in (2000, 3000, 4000)]
+    through = fit_line(far, "tokens", "seconds", ("fixed_s", "per_token_s")).coefficients
+    assert through["fixed_s"] == 0.0 and through["per_token_s"] == pytest.approx(
+        sum(p["tokens"] * p["seconds"] for p in far) / sum(p["tokens"] ** 2 for p in far))
 
 
 def test_a_streamed_steps_parts_cost_what_the_whole_batch_does_even_under_a_negative_fitted_intercept():
@@ -580,6 +585,14 @@ def test_a_replica_scores_only_splits_that_stand_for_ones_the_full_cluster_can_h
     assert result.rollout_devices <= 25 == max(preflight(cfg, "areal", True))
     splits = [a["rollout_devices"] for a in result.alternatives]
     assert len(splits) == len(set(splits)) > 1 and max(splits) <= 25
+
+
+def test_a_replica_of_whole_instances_is_searched_over_every_split_of_whole_instances():
+    cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=80", "cluster.instance_devices=8",
+                                                   "train.prompts_per_step=80", "launch.mode=areal"])
+    result = plan(cfg, horizon=1)  # (legal splits 8 apart: a tolerance of half a device kept only one)
+    assert result.simulated_splits >= 4 and len({a["rollout_devices"] for a in result.alternatives}) >= 4
+    assert all(a["rollout_devices"] % 8 == 0 for a in result.alternatives)
 
 
 def test_a_replicas_batch_stays_a_multiple_of_the_updates_per_sync():

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from bidirl.engines.protocols import HandOver, PauseGate, RolloutSite, choose_groups
-from bidirl.samples import Sample, SamplingParams
+from bidirl.samples import Sample, SamplingParams, stop_token_ids
 from bidirl.models.sources import load_model
 
 
@@ -177,12 +177,3 @@ class HFRolloutEngine(PauseGate):
         self.version = version
         return time.perf_counter() - start
 
-
-def stop_token_ids(generation_config: Any, eos_token_id: Optional[int]) -> List[int]:
-    """The ids that end a completion: the tokenizer's EOS, then every EOS id the model's generation
-    config lists (a hub instruct model lists its turn end and its text end there: Qwen2.5-Instruct's
-    ``<|im_end|>`` and ``<|endoftext|>``). vLLM stops at all of them too, so both engines end a
-    completion at the same token."""
-    listed = getattr(generation_config, "eos_token_id", None)
-    listed = [listed] if isinstance(listed, int) else list(listed or [])
-    return list(dict.fromkeys(i for i in [eos_token_id, *listed] if i is not None))

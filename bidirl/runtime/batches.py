@@ -104,12 +104,12 @@ class RolloutData:
                      groups=groups, prompts=self.prompt_positions(groups))
 
     def prompt_positions(self, groups: Sequence[int]) -> Tuple[int, ...]:
-        return tuple(sorted(self.positions[g] for g in groups if g in self.positions))  # (given groups: none)
+        return tuple(sorted(self.positions[g] for g in groups))
 
     def trained(self, batch: Batch) -> None:
         """``batch``'s step is applied (its FinishStep sent): its groups are no longer drawn-and-untrained."""
         for group in batch.groups:
-            self.positions.pop(group, None)
+            del self.positions[group]
 
     def cursor(self) -> Dict[str, Any]:
         """The prompt stream's state for a checkpoint made now: positions drawn, and those to draw again on

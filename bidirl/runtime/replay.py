@@ -67,6 +67,8 @@ def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -
             if group in seen_groups:
                 problems.append(f"group {group} trained in steps {seen_groups[group]} and {step.step}")
             seen_groups[group] = step.step
+        if step.prompts and len(step.prompts) != len(step.groups):
+            problems.append(f"step {step.step}: {len(step.groups)} groups but {len(step.prompts)} prompt positions")
         for position in step.prompts:
             if position in seen_prompts:
                 problems.append(f"prompt {position} of the stream trained in steps {seen_prompts[position]} and {step.step}")

@@ -240,7 +240,7 @@ def write_report(steps: int) -> None:
     for start, group in by_base_model(results):  # (named by its start accuracy: the order can change)
         seeds = sorted({r["seed"] for rows in group.values() for r in rows})
         tag = f"{100 * start:.1f}".replace(".", "")  # 65.5% -> start655
-        tag = tag if tag not in tags else f"{100 * start:.2f}".replace(".", "")  # (two models 0.1 apart)
+        tag = tag if tag not in tags else f"{tag}-{len(tags)}"  # (two base models within 0.05 points)
         tags.add(tag)
         figure = f"figures/curves-steps{steps}-start{tag}.png"
         sections.append(f"## The base model at {100 * start:.1f}% held-out at start, seeds "
