@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from bidirl.runtime.checkpoints import FOLDER, sealed, verify
-from bidirl.runtime.replay import read_batches
+from bidirl.runtime.replay import check_record, read_batches
 from tests.test_runtime import BIDIRL, SMALL, read_jsonl
 
 HARD_TIMEOUT_S = 600
@@ -121,6 +121,7 @@ def test_a_killed_primary_trainer_loses_no_step_and_applies_none_twice_nor_any_p
     trained = [position for step in read_batches(run) for position in step.prompts]
     assert len(trained) == STEPS * 8 and len(set(trained)) == len(trained)
     assert set(redo) <= set(trained)
+    assert check_record(read_batches(run), group_size=4, staleness=1) == []  # no group number reused either
 
 
 def frozen_in_a_lease(run: Path, launcher: subprocess.Popen, device: int) -> bool:

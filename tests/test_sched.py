@@ -60,6 +60,22 @@ def test_async_staleness_never_exceeds_eta_and_every_group_is_trained_once(eta):
     assert sorted(c.first for c in cluster.chunks) == list(range(0, 64, 4))  # no group lost or repeated
 
 
+def test_a_resumed_cluster_numbers_new_groups_after_every_group_drawn_before_its_checkpoint():
+    # eta 1, B 4: at the checkpoint (version 1) groups 0-7 had been drawn and batch 0 may have trained 4-7
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=3, chunk_groups=4)
+    cluster.resume_at(1, {"1": 4}, next_group=8)
+    assert cluster.admitted == cluster.trained_groups == 4  # the untrained ones are generated again...
+    cluster.apply(ev.Generate(0, 4))
+    assert cluster.chunks[0].first == 8  # ...under new numbers, never a trained group's
+
+
+def test_a_cluster_resumed_from_a_checkpoint_without_the_next_group_numbers_on_from_the_trained_ones():
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=3, chunk_groups=4)
+    cluster.resume_at(1)
+    cluster.apply(ev.Generate(0, 4))
+    assert cluster.chunks[0].first == 4
+
+
 def test_a_migration_moves_groups_in_flight_between_rollout_devices_and_keeps_their_version():
     cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=2, chunk_groups=4,
                       allows_migration=True)

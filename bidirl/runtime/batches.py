@@ -104,7 +104,8 @@ class RolloutData:
                      groups=groups, prompts=self.prompt_positions(groups))
 
     def prompt_positions(self, groups: Sequence[int]) -> Tuple[int, ...]:
-        return tuple(sorted(self.positions[g] for g in groups))
+        """The stream positions of ``groups``' problems, in the groups' order (``prompts[i]`` is ``groups[i]``'s)."""
+        return tuple(self.positions[g] for g in groups)
 
     def trained(self, batch: Batch) -> None:
         """``batch``'s step is applied (its FinishStep sent): its groups are no longer drawn-and-untrained."""

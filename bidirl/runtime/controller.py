@@ -424,6 +424,7 @@ class Controller:
         cluster = self.cluster
         return {"version": cluster.version, "seed": self.cfg.seed, "groups_per_step": cluster.B,
                 "prompts": self.data.cursor(), "untrained_groups": cluster.admitted - cluster.trained_groups,
+                "next_group": cluster.next_group,
                 "staleness": {str(k): v for k, v in cluster.staleness.items()},
                 "homes": [d.home.value for d in cluster.devices], "policy": self.policy.label,
                 "report": self.report.checkpoint_state(cluster.version)}
@@ -433,9 +434,12 @@ class Controller:
         # (at the last version: the run died after training -- a restart, or --resume of a run that did not
         # finish -- and it only has its final checkpoint and its evaluation left to do)
         checkpoints.check_compatible(resume, self.cfg, finishing=True)
-        self.cluster.resume_at(resume.version, state["staleness"])
+        self.cluster.resume_at(resume.version, state["staleness"], state.get("next_group"))
         if "prompts" in state:
-            self.data.resume(state["prompts"])
+            try:
+                self.data.resume(state["prompts"])
+            except (ValueError, KeyError, TypeError) as exc:  # (a manifest re-sealed over an edited controller.json)
+                raise BidirlError(f"{resume.path}: its data cursor ('prompts') cannot be resumed ({exc})") from None
         else:  # (a checkpoint written before the cursor kept positions: the stream resumes at version * B)
             self.data.sampler.skip(state["drawn_groups"])
         self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),

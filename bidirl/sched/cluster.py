@@ -141,6 +141,9 @@ class Cluster:
         self.published = 0  # newest version staged on every device
         self.syncing: Optional[int] = None  # version being transferred
         self.admitted = 0
+        # the next group's sequence number: ``admitted`` until a resume, after which it goes on from the
+        # checkpoint's (the groups regenerated there get new numbers, never a trained group's)
+        self.next_group = 0
         self.chunks: List[Chunk] = []
         self.unstarted: deque = deque()  # chunks applied but not yet handed to the driver, in order
         self.completed: List[List[int]] = []  # [chunk, groups not yet trained, version], oldest first
@@ -183,15 +186,19 @@ class Cluster:
         self.trained_groups = 0
         self.now = 0.0
 
-    def resume_at(self, version: int, staleness: Optional[Dict[int, int]] = None) -> None:
+    def resume_at(self, version: int, staleness: Optional[Dict[int, int]] = None,
+                  next_group: Optional[int] = None) -> None:
         """Starts the bookkeeping at ``version`` instead of 0 (a run resumed from a checkpoint): every
         device holds that version, the first ``version * B`` groups count as admitted and trained, and
         nothing is in flight -- groups generated but not trained before the checkpoint are regenerated.
-        ``staleness``: the histogram trained so far, carried on."""
+        ``staleness``: the histogram trained so far, carried on. ``next_group``: the checkpoint's next
+        group number (at eta >= 1 groups numbered past ``version * B`` were trained before it; a checkpoint
+        without it numbers on from ``version * B``)."""
         assert not self.chunks and self.version == 0, "resume a cluster before it starts"
         self._tails_dirty.update(range(len(self.devices)))
         self.version = self.published = version
         self.admitted = self.trained_groups = version * self.B
+        self.next_group = max(self.admitted, next_group or 0)
         for device in self.devices:
             device.version = version
         self.staleness.update({int(k): v for k, v in (staleness or {}).items()})
@@ -397,11 +404,12 @@ class Cluster:
         device, groups = self.devices[action.device], action.groups
         assert self.can_admit(device, groups), f"admission would exceed eta={self.eta} on device {device.index}"
         assert self.has_room(device, groups), f"device {device.index} cannot take {groups} more groups now"
-        chunk = Chunk(len(self.chunks), device.index, self.admitted, groups, device.version)
+        chunk = Chunk(len(self.chunks), device.index, self.next_group, groups, device.version)
         self.chunks.append(chunk)
         self.unstarted.append(chunk)
         self.untrained[chunk.version] += groups
         self.admitted += groups
+        self.next_group += groups
         self.inflight[device.index] += groups
         self.inflight_by_version[device.index][chunk.version] += groups
         if device.state is S.IDLE:
