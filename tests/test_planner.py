@@ -64,18 +64,29 @@ def test_a_streamed_steps_parts_cost_what_the_whole_batch_does_even_under_a_nega
         assert parts == pytest.approx(whole) == pytest.approx(2e-4 * 4000)
 
 
-def test_a_profile_used_with_another_cap_group_size_or_task_than_it_measured_is_one_line(tmp_path):
+def test_a_profile_used_with_another_cap_group_size_task_difficulty_or_source_than_it_measured_is_one_line(tmp_path):
     from bidirl.sim.run import sim_workload
 
-    measured = {"rollout.max_new_tokens": 8, "rollout.group_size": 4, "data.task": "basic_arithmetic"}
+    measured = {"rollout.max_new_tokens": 8, "rollout.group_size": 4, "data.source": "reasoning_gym",
+                "data.task": "basic_arithmetic", "data.task_config": {"max_digits": 1}}
     (tmp_path / "profile.json").write_text(synthetic_profile(meta=measured).to_json())
     cpu = ["cluster.devices=2", f"sim.profile={tmp_path / 'profile.json'}", "rollout.max_new_tokens=8",
-           "rollout.group_size=4", "data.task=basic_arithmetic"]
+           "rollout.group_size=4", "data.task=basic_arithmetic", "data.task_config={max_digits: 1}"]
     assert sim_workload(small(*cpu)).name == "measured"
-    for changed in ("rollout.max_new_tokens=1024", "rollout.group_size=2", "data.task=chain_sum"):
-        with pytest.raises(BidirlError, match=f"measured with {changed.split('=')[0]}=.* but the pipeline has "
-                                              f"{changed}; profile again"):
+    for changed in ("rollout.max_new_tokens=1024", "rollout.group_size=2", "data.task=chain_sum",
+                    "data.source=gsm8k", "data.task_config={max_digits: 3}"):
+        key = changed.split("=")[0]
+        with pytest.raises(BidirlError, match=f"measured with {key}=.* but the pipeline has {key}=.*; profile again"):
             sim_workload(small(*cpu, changed))
+
+
+def test_a_profile_names_a_local_dataset_by_its_folder_not_its_path_on_the_host_that_measured_it(tmp_path):
+    from bidirl.perf.fitted import measured_with
+
+    (tmp_path / "gsm8k").mkdir()
+    local = measured_with(small("data.source=gsm8k", f"data.path={tmp_path / 'gsm8k'}"))
+    assert local["data.source"] == "gsm8k" and local["data.path"] == "gsm8k"
+    assert measured_with(small("data.source=gsm8k", "data.path=openai/gsm8k"))["data.path"] == "openai/gsm8k"
 
 
 def test_a_decode_fit_never_trades_one_term_below_zero_against_another():

@@ -34,7 +34,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -237,11 +236,7 @@ def fit_line(points: List[Dict[str, float]], x: str, y: str, names: Tuple[str, s
     so a falling line is timer noise (points too close together to tell apart, as a tiny model's few
     trained samples are) -- the best line that does not fall is then flat, at the points' mean. And the
     intercept >= 0: a negative one (points far from x = 0) gives the best line through the origin."""
-    intercept, slope = least_squares([(1.0, p[x]) for p in points], [p[y] for p in points])
-    if slope < 0:
-        intercept, slope = statistics.fmean(p[y] for p in points), 0.0
-    elif intercept < 0:  # no fixed time below 0 either: the best line through the origin
-        intercept, slope = 0.0, sum(p[x] * p[y] for p in points) / sum(p[x] ** 2 for p in points)
+    intercept, slope = nonnegative_least_squares([(1.0, p[x]) for p in points], [p[y] for p in points])
     predicted = [intercept + slope * p[x] for p in points]
     return Fit({names[0]: intercept, names[1]: slope}, relative_error(predicted, [p[y] for p in points]), points)
 
@@ -341,10 +336,13 @@ def load_profile(path: str | Path) -> Profile:
 def measured_with(cfg: Any) -> Dict[str, Any]:
     """The settings of a pipeline (a ``PipelineConfig``) that shape what its profile measures, kept in the
     profile's ``meta``: a pipeline that uses the profile with others is refused (:func:`check_profile_fits`)."""
-    data = {"data.task": cfg.data.task} if cfg.data.source == "reasoning_gym" else \
-        {"data.path": str(Path(cfg.data.path).expanduser().resolve()) if Path(cfg.data.path).expanduser().exists()
-         else cfg.data.path}  # (a hub id as it is)
-    return {"rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size, **data}
+    if cfg.data.source == "reasoning_gym":  # the task and its difficulty knobs set the response lengths
+        data = {"data.task": cfg.data.task, "data.task_config": json.loads(json.dumps(cfg.data.task_config))}
+    else:  # a local dataset by its name, not its full path (a profile made on another host still fits); a hub id as it is
+        path = Path(cfg.data.path).expanduser()
+        data = {"data.path": path.resolve().name if path.exists() else cfg.data.path}
+    return {"rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size,
+            "data.source": cfg.data.source, **data}
 
 
 def check_profile_fits(profile: Profile, path: Any, settings: Dict[str, Any]) -> None:
