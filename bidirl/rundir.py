@@ -30,6 +30,12 @@ WANDB_GROUP_VARIABLE = "BIDIRL_WANDB_GROUP"
 
 
 class RunDir:
+    # after a resume, W&B already holds the rows of the steps (and evaluations) past the checkpoint from
+    # the attempt that crashed, and W&B cannot take rows back: the resumed attempt's rows carry
+    # ``attempt`` (1 after the first resume, ...) so the two can be told apart; metrics.jsonl sets the
+    # lost ones aside instead (``resumed``)
+    attempt = 0
+
     def __init__(self, cfg: PipelineConfig, root: Optional[Path] = None, path: Optional[str | Path] = None):
         """A new ``<root or output_dir>/<name>-<stamp>``, or exactly ``path`` (a stage's folder inside a
         pipeline's run directory), which must not exist yet."""
@@ -83,6 +89,8 @@ class RunDir:
         run.path = path
         (path / config_name).write_text(to_yaml(cfg))
         run._metrics = open(path / "metrics.jsonl", "a", buffering=1)
+        if wandb.get("resume"):
+            run.attempt = len(list(path.glob("config.resumed-*.yaml")))
         try:
             run._wandb = _start_wandb(cfg, path, **wandb)
         except BidirlError:
@@ -96,7 +104,8 @@ class RunDir:
         row = {"step": step, "time_s": round(time.time() - self.started, 3) if time_s is None else time_s, **metrics}
         self._metrics.write(json.dumps(finite(row), allow_nan=False) + "\n")
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+            attempt = {"attempt": self.attempt} if self.attempt else {}
+            self._wandb.log({**{k: v for k, v in row.items() if isinstance(v, (int, float))}, **attempt})
 
     def table(self, name: str, columns: List[str], rows: List[List[Any]]) -> None:
         """A table for W&B (the comparison); the run directory has its own copy (compare.json/md)."""

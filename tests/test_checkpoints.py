@@ -230,16 +230,24 @@ def test_a_resumed_run_directory_continues_its_own_wandb_run_rather_than_startin
     # name: two processes starting in the same second give the second folder a "-1" suffix.
     run_ids = {log.stem.removeprefix("run-") for folder in attempts for log in folder.glob("run-*.wandb")}
     assert len(run_ids) == 1  # one run id
+    import wandb
+
+    wandb.teardown()  # (W&B's service writes the log behind finish(); at teardown it has written all of it)
+    # W&B cannot take back the rows the crashed attempt logged past the checkpoint: the resumed ones say so
+    assert [{k: row.get(k) for k in ("step", "attempt")} for row in wandb_history(attempts[1])] == \
+        [{"step": 2, "attempt": 1}]
+    assert [row.get("attempt") for row in wandb_history(attempts[0])] == [None]
 
 
 def wandb_history(run: Path) -> list:
     """The history rows an offline W&B run wrote (its run-<id>.wandb transaction log: LevelDB-style 32 KiB
-    blocks of records -- crc32, length, type: 1 whole, 2 first, 3 middle, 4 last -- after W&B's header)."""
+    blocks of records -- crc32, length, type: 1 whole, 2 first, 3 middle, 4 last -- after W&B's header).
+    ``run``: a run directory with one W&B attempt, or one attempt's ``offline-run-*`` folder."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = run.glob("wandb/offline-run-*/run-*.wandb")
+    (path,) = run.glob("run-*.wandb") if run.name.startswith("offline-run-") else run.glob("wandb/offline-run-*/run-*.wandb")
     data, rows, pos, pending = path.read_bytes(), [], 7, b""
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:  # (a block's tail too short for a header is padding)
