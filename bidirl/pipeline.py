@@ -418,7 +418,7 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
         cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(run_dir / "profile.json")))
     if "plan" in before and (run_dir / "plan.json").is_file():
         cfg = planned_config(cfg, load_plan(run_dir / "plan.json", cfg))
-    again = [first] if only else cfg.stages[cfg.stages.index(first):]  # their entries: this run's, or none
+    again = rerun_stages(cfg, first, only)  # their entries: this run's, or none
     dropped = {"status", "run_dir", "wall_s", *(SUMMARY_KEYS.get(stage, stage) for stage in again)}
     keep = {k: v for k, v in summary.items() if k not in dropped}
     return cfg, {**keep, "stages": list(cfg.stages)}
@@ -437,12 +437,14 @@ def set_aside(run: Path, stages: List[str]) -> None:
 
 def _metrics_aside(metrics: Path, aside: Path, stages: List[str]) -> None:
     """The rows of ``metrics.jsonl`` that ``stages`` logged move to ``aside``; the other stages' rows stay.
-    A stage names itself in its rows (``stage``); the train stage's steps and evaluations do not."""
+    A stage names itself in its rows (``stage``); the train stage's steps and evaluations do not. A row
+    torn by a crash moves too, whichever stage runs again: the rows appended next must start a line."""
     if not metrics.is_file():
         return
     kept, moved = [], []
     for line in metrics.read_text().splitlines(keepends=True):
-        (moved if _row(line).get("stage", "train") in stages else kept).append(line)
+        row = _row(line)
+        (moved if not row or row.get("stage", "train") in stages else kept).append(line)
     if moved:
         aside.mkdir(exist_ok=True)
         (aside / "metrics.jsonl").write_text("".join(moved))
@@ -452,7 +454,7 @@ def _metrics_aside(metrics: Path, aside: Path, stages: List[str]) -> None:
 def _row(line: str) -> Dict[str, Any]:
     try:
         row = json.loads(line)
-    except ValueError:  # (a torn last row: the train stage's, cut short)
+    except ValueError:  # (a torn last row, cut short by a crash)
         return {}
     return row if isinstance(row, dict) else {}
 

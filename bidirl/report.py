@@ -31,7 +31,7 @@ def pools(breakdown: Dict[str, Dict[str, float]]) -> List[str]:
     causes = sorted({c for shares in breakdown.values() for c in shares})
     lines = ["| pool | " + " | ".join(causes) + " |", "|" + "---|" * (len(causes) + 1)]
     for pool, shares in sorted(breakdown.items()):
-        lines.append(f"| {pool} | " + " | ".join(f"{100 * shares.get(c, 0):.0f}%" for c in causes) + " |")
+        lines.append(f"| {pool} | " + " | ".join(number(shares.get(c, 0), ".0%") for c in causes) + " |")
     return lines + [""]
 
 
@@ -56,10 +56,15 @@ def profile_section(run: Path) -> List[str]:
     profile = read_json(run / "profile.json")
     if not profile:
         return []
-    errors = ", ".join(f"{k} {100 * profile[k]['error']:.1f}%" for k in ("decode", "prefill", "train")
+    errors = ", ".join(f"{k} {number(profile[k]['error'], '.1%')}" for k in ("decode", "prefill", "train")
                        if isinstance(profile.get(k), dict) and "error" in profile[k])
     return ["## Profile", "", f"Fit error (relative, of the fitted curve against the measured points): {errors}.", "",
             *image(run, "profile.png", "profile")]
+
+
+def number(value: Any, spec: str = ".2f") -> str:
+    """``value`` formatted, or "-" where the run wrote none (a NaN or infinity is written as JSON null)."""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
 def run_section(run: Path, folder: str, title: str) -> List[str]:
@@ -75,8 +80,8 @@ def run_section(run: Path, folder: str, title: str) -> List[str]:
              f"- policy **{summary.get('policy')}**, {split}, eta {summary.get('eta')}, {summary.get('steps')} steps",
              f"- **{summary['samples_per_s']} samples/s** over {summary.get('rl_seconds')} s of RL"]
     if summary.get("accuracy_start") is not None:
-        lines.append(f"- held-out greedy accuracy **{100 * summary['accuracy_start']:.1f}% -> "
-                     f"{100 * summary['accuracy_end']:.1f}%**")
+        lines.append(f"- held-out greedy accuracy **{number(summary['accuracy_start'], '.1%')} -> "
+                     f"{number(summary.get('accuracy_end'), '.1%')}**")
     switches = summary.get("switches", {})
     lines.append(f"- role switches: {switches.get('count', 0)}; leases: "
                  + (", ".join(f"{k} {v['leases']}" for k, v in summary.get("leases", {}).items()) or "none"))
@@ -91,13 +96,13 @@ def simulate_section(run: Path) -> List[str]:
     rows = read_json(run / "results.json")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         return []
-    best = max(r.get("samples_per_s", 0) for r in rows) or 1.0
+    best = max(r.get("samples_per_s") or 0 for r in rows) or 1.0
     lines = ["## Simulated policies", "",
              "| policy | split r/t | eta | samples/s | / best | step s | bound s | efficiency | switches |",
              "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.get('policy')} | {r.get('split')} | {r.get('eta')} | {r.get('samples_per_s', 0):.2f} | "
-              f"{r.get('samples_per_s', 0) / best:.2f} | {r.get('step_s', 0):.2f} | {r.get('bound_step_s', 0):.2f} | "
-              f"{r.get('efficiency', 0):.2f} | {r.get('switches', 0)} |" for r in rows]
+    lines += [f"| {r.get('policy')} | {r.get('split')} | {r.get('eta')} | {number(r.get('samples_per_s'))} | "
+              f"{number((r.get('samples_per_s') or 0) / best)} | {number(r.get('step_s'))} | "
+              f"{number(r.get('bound_step_s'))} | {number(r.get('efficiency'))} | {r.get('switches', 0)} |" for r in rows]
     lines += ["", "(bound: the policy-independent lower bound on the step; efficiency: bound / step)", ""]
     lines += image(run, "throughput.png", "simulated throughput")
     for r in rows:
@@ -118,7 +123,7 @@ def write_report(run: Path) -> Path:
              f"{' -> '.join(summary.get('stages', [])) or '-'}; {summary.get('wall_s', '?')} s.", ""]
     evaluation = summary.get("evaluation")
     if evaluation:
-        lines += [f"Base model held-out greedy accuracy: {100 * evaluation['accuracy']:.1f}% on "
+        lines += [f"Base model held-out greedy accuracy: {number(evaluation.get('accuracy'), '.1%')} on "
                   f"{evaluation['problems']} problems.", ""]
     lines += profile_section(run) + plan_section(run)
     lines += run_section(run, "launch", "bidirl on the hot-switch runtime") + run_section(run, "", "Training run")

@@ -122,6 +122,18 @@ def test_the_reports_plan_table_marks_the_chosen_split_and_names_each_rows_insta
                         "| alternative | 8 | 8 | 49.5 | 1 |"]
 
 
+def test_a_report_writes_a_dash_for_a_figure_the_run_wrote_as_null_rather_than_failing_the_finished_run(tmp_path):
+    from bidirl.report import write_report
+
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "status": "ok", "stages": ["train", "simulate"], "evaluation": {"accuracy": None, "problems": 8},
+        "train": {"samples_per_s": 1.5, "accuracy_start": 0.5, "accuracy_end": None, "homes": []}}))
+    (tmp_path / "results.json").write_text(json.dumps([{"policy": "areal", "samples_per_s": None, "step_s": 2.0}]))
+    report = write_report(tmp_path).read_text()
+    assert "accuracy **50.0% -> -**" in report and "Base model held-out greedy accuracy: - on 8" in report
+    assert "| areal | None | None | - | 0.00 | 2.00 | - | - | 0 |" in report
+
+
 def test_a_simulate_stages_report_holds_its_table_and_charts(tmp_path):
     result = bidirl("run", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=3",
                     "train.prompts_per_step=16", "cluster.rollout_devices=2", "sim.policies=[areal,bidirl]",
@@ -281,6 +293,16 @@ def test_stages_run_again_set_their_old_rows_aside_and_keep_the_other_stages_row
     assert (aside / "metrics.jsonl").read_text().splitlines()[:3] == [json.dumps(r) for r in rows[1:]]
     assert sorted(p.name for p in aside.iterdir()) == ["learning_curve.png", "metrics.jsonl", "report.html",
                                                        "report.md"]
+
+
+def test_a_row_torn_by_a_crash_is_set_aside_even_when_its_stage_is_not_run_again(tmp_path):
+    from bidirl.pipeline import set_aside
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.2}) + '\n{"step": 2, "rew')
+    set_aside(tmp_path, ["evaluate"])  # (--only evaluate: the train stage's rows stay)
+    assert (tmp_path / "metrics.jsonl").read_text() == json.dumps({"step": 1, "reward_mean": 0.2}) + "\n"
+    (aside,) = tmp_path.glob("replaced-*")
+    assert (aside / "metrics.jsonl").read_text() == '{"step": 2, "rew'  # the next row appended starts a line
 
 
 def test_a_stage_run_again_alone_keeps_the_summary_entries_of_the_stages_after_it(tmp_path):

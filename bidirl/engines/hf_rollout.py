@@ -176,4 +176,3 @@ class HFRolloutEngine(PauseGate):
                 tensor.copy_(state[name])
         self.version = version
         return time.perf_counter() - start
-
