@@ -233,6 +233,37 @@ def paired(results: dict) -> str:
     return "\n".join(lines)
 
 
+def borrowing(results: dict) -> str:
+    """bidirl against async *at the same eta, seed and base model*: what borrowing alone changes (the
+    same staleness bound, the same prompts; only where the work runs, and so which samples are drawn).
+    Mean, [min, max] and the standard error of the mean over the pairs, per base model and over both."""
+    def key(row: dict) -> tuple:
+        return row["seed"], round(row["accuracy_start"], 4)
+
+    def show(vs: list) -> str:
+        if len(vs) < 2:
+            return f"{100 * vs[0]:+.1f}"
+        se = statistics.stdev(vs) / len(vs) ** 0.5
+        return f"{100 * statistics.fmean(vs):+.1f} [{100 * min(vs):+.1f}, {100 * max(vs):+.1f}] (SE {100 * se:.1f})"
+
+    lines = ["| eta | base model at start | seeds | bidirl - async at the end: mean [min, max] (SE), points | "
+             "late: mean [min, max] (SE), points |", "|---|---|---|---|---|"]
+    for suffix in CORRECTIONS:
+        for eta in ETAS:
+            asynchronous = {key(r): r for r in results.get(f"async-eta{eta}{suffix}", [])}
+            pairs = [(r, asynchronous[key(r)]) for r in results.get(f"bidirl-eta{eta}{suffix}", [])
+                     if key(r) in asynchronous]
+            starts = sorted({round(r["accuracy_start"], 4) for r, _ in pairs}, reverse=True)
+            for start in [*starts, None] if len(starts) > 1 else starts:
+                some = [(r, a) for r, a in pairs if start is None or round(r["accuracy_start"], 4) == start]
+                ends = [r["accuracy_end"] - a["accuracy_end"] for r, a in some]
+                lates = [late_mean(r) - late_mean(a) for r, a in some]
+                where = "both" if start is None else f"{100 * start:.1f}%"
+                seeds = ",".join(str(r["seed"]) for r, _ in sorted(some, key=lambda p: p[0]["seed"]))
+                lines.append(f"| {eta}{suffix} | {where} | {seeds} | {show(ends)} | {show(lates)} |")
+    return "\n".join(lines)
+
+
 def write_report(steps: int) -> None:
     results = load_results(steps)
     sections = []
@@ -248,6 +279,7 @@ def write_report(steps: int) -> None:
         plot(group, HERE / figure)
     if results:
         sections.append(f"## Every seed, each arm against sync at the same seed\n\n{paired(results)}")
+        sections.append(f"## Borrowing alone: bidirl against async at the same eta and seed\n\n{borrowing(results)}")
     text = "\n\n".join(sections) if sections else "no results yet"
     (HERE / f"results-steps{steps}.md").write_text(text + "\n")
     print(text)
