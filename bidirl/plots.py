@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 
 def read_metrics(path: Path) -> List[dict]:
@@ -105,6 +105,15 @@ def plot_gantt(trace: List[dict], end: float, out: Path, title: str = "") -> Pat
     return out
 
 
+def bar_annotations(labels: List[str], values: List[float], base: Optional[str] = None) -> Tuple[str, List[str]]:
+    """The bar chart's title and the ratio written above each bar: its value over ``base``'s (default the
+    first label's); "-" where that base made nothing."""
+    base = base if base in labels else labels[0]
+    reference = values[labels.index(base)]
+    return (f"above each bar: its samples/s over {base}'s",
+            [f"{value / reference:.2f}x" if reference else "-" for value in values])
+
+
 def plot_bars(labels: List[str], values: List[float], out: Path, ylabel: str, base: Optional[str] = None) -> Path:
     """One bar per label, each annotated with its value over ``base``'s (default the first label's), which
     the title names."""
@@ -113,14 +122,12 @@ def plot_bars(labels: List[str], values: List[float], out: Path, ylabel: str, ba
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = base if base in labels else labels[0]
-    reference = values[labels.index(base)]
+    title, ratios = bar_annotations(labels, values, base)
     fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 4))
     bars = ax.bar(labels, values, color="#2b83ba")
-    for bar, value in zip(bars, values):
-        ratio = f"{value / reference:.2f}x" if reference else "-"
+    for bar, value, ratio in zip(bars, values, ratios):
         ax.annotate(ratio, (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
-    ax.set_title(f"above each bar: its samples/s over {base}'s", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

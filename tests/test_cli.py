@@ -359,8 +359,11 @@ def test_compare_runs_the_real_trl_grpo_trainer_beside_the_reproduced_policies(t
 def test_a_bar_chart_names_what_its_ratios_are_over_and_survives_a_policy_that_made_nothing(tmp_path):
     from matplotlib import pyplot  # noqa: F401  (the backend the plot picks)
 
-    from bidirl.plots import plot_bars
+    from bidirl.plots import bar_annotations, plot_bars
 
+    assert bar_annotations(["verl", "bidirl"], [1.0, 2.0], base="bidirl") == (
+        "above each bar: its samples/s over bidirl's", ["0.50x", "1.00x"])
+    assert bar_annotations(["verl", "bidirl"], [0.0, 2.0]) == ("above each bar: its samples/s over verl's", ["-", "-"])
     plot_bars(["verl", "bidirl"], [0.0, 2.0], tmp_path / "a.png", "samples/s")  # (the base made nothing: "-")
     plot_bars(["verl", "bidirl"], [1.0, 2.0], tmp_path / "b.png", "samples/s", base="bidirl")
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
