@@ -299,28 +299,17 @@ def load_profile(path: str | Path) -> Profile:
                     raise _Bad("workload.informative", "a share above 0 and at most 1")
             if workload["mean_tokens"] <= 0 or workload["cap"] < 1:
                 raise _Bad("workload.mean_tokens", "above 0 (and workload.cap at least 1)")
-        co_running = None
-        if data.get("co_running") is not None:
-            factors = _numbers(data, "co_running", ("decode", "train"))  # (a mapping: checked before it is merged)
-            co_running = {**data["co_running"], **factors}
+        co_running = _optional(data, "co_running", ("decode", "train"))
+        if co_running is not None:
             if min(co_running["decode"], co_running["train"]) <= 0:
                 raise _Bad("co_running.decode", "a slowdown factor above 0 (and co_running.train too)")
             if "decode_beside_decode" in data["co_running"]:  # optional: older profiles did not measure it
                 co_running.update(_numbers(data, "co_running", ("decode_beside_decode",)))
                 if co_running["decode_beside_decode"] <= 0:
                     raise _Bad("co_running.decode_beside_decode", "a slowdown factor above 0")
-        requests = None
-        if data.get("requests") is not None:  # optional: older profiles did not measure it
-            measured = _numbers(data, "requests", ("per_request_s",))
-            requests = {**data["requests"], **measured}
-        warmup = None
-        if data.get("warmup") is not None:  # optional: older profiles did not measure it
-            measured = _numbers(data, "warmup", WARMUP_KEYS)
-            warmup = {**data["warmup"], **measured}
-        step_overhead = None
-        if data.get("step_overhead") is not None:  # optional: older profiles did not measure it
-            measured = _numbers(data, "step_overhead", OVERHEAD_KEYS)
-            step_overhead = {**data["step_overhead"], **measured}
+        requests = _optional(data, "requests", ("per_request_s",))
+        warmup = _optional(data, "warmup", WARMUP_KEYS)
+        step_overhead = _optional(data, "step_overhead", OVERHEAD_KEYS)
         meta = data.get("meta") or {}
         if not isinstance(meta, dict):
             raise _Bad("meta", "a mapping")
@@ -371,6 +360,15 @@ def _numbers(data: Dict[str, Any], section: str, keys: Sequence[str]) -> Dict[st
             raise _Bad(f"{section}.{key}", "a finite number >= 0")
         out[key] = float(value)
     return out
+
+
+def _optional(data: Dict[str, Any], section: str, keys: Sequence[str]) -> Optional[Dict[str, Any]]:
+    """A section older profiles did not measure (None where absent): as written, with ``keys`` checked as
+    numbers -- first, so a section that is not a mapping is one line rather than the merge's TypeError."""
+    if data.get(section) is None:
+        return None
+    checked = _numbers(data, section, keys)
+    return {**data[section], **checked}
 
 
 def _fit(data: Dict[str, Any], section: str, keys: Sequence[str]) -> Fit:
