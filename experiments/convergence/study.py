@@ -209,18 +209,20 @@ def by_base_model(results: dict) -> "list[tuple[float, dict]]":
     return sorted(groups.items(), key=lambda kv: -sum(len(v) for v in kv[1].values()))
 
 
+def same_run(row: dict) -> tuple:
+    """What two arms' runs share when paired: the seed (hence the prompts) and the base model (its start)."""
+    return row["seed"], round(row["accuracy_start"], 4)
+
+
 def paired(results: dict) -> str:
     """Each arm against sync *at the same seed and from the same base model* (hence the same prompts):
     the mean and range over seeds of the difference, final and late. (A seed run again on another
     machine may start from another base model: the build is reproducible on one machine only.)"""
-    def key(row: dict) -> tuple:
-        return row["seed"], round(row["accuracy_start"], 4)
-
-    sync = {key(r): r for r in results.get("sync", [])}
+    sync = {same_run(r): r for r in results.get("sync", [])}
     lines = ["| arm | seeds | end - sync, same seed: mean [min, max] (points) | "
              "late - sync late, same seed: mean [min, max] (points) |", "|---|---|---|---|"]
     for arm in ARMS:
-        pairs = [(r, sync[key(r)]) for r in results.get(arm, []) if arm != "sync" and key(r) in sync]
+        pairs = [(r, sync[same_run(r)]) for r in results.get(arm, []) if arm != "sync" and same_run(r) in sync]
         if not pairs:
             continue
         ends = [r["accuracy_end"] - s["accuracy_end"] for r, s in pairs]
@@ -237,9 +239,6 @@ def borrowing(results: dict) -> str:
     """bidirl against async *at the same eta, seed and base model*: what borrowing alone changes (the
     same staleness bound, the same prompts; only where the work runs, and so which samples are drawn).
     Mean, [min, max] and the standard error of the mean over the pairs, per base model and over both."""
-    def key(row: dict) -> tuple:
-        return row["seed"], round(row["accuracy_start"], 4)
-
     def show(vs: list) -> str:
         if len(vs) < 2:
             return f"{100 * vs[0]:+.1f}"
@@ -250,9 +249,9 @@ def borrowing(results: dict) -> str:
              "late: mean [min, max] (SE), points |", "|---|---|---|---|---|"]
     for suffix in CORRECTIONS:
         for eta in ETAS:
-            asynchronous = {key(r): r for r in results.get(f"async-eta{eta}{suffix}", [])}
-            pairs = [(r, asynchronous[key(r)]) for r in results.get(f"bidirl-eta{eta}{suffix}", [])
-                     if key(r) in asynchronous]
+            asynchronous = {same_run(r): r for r in results.get(f"async-eta{eta}{suffix}", [])}
+            pairs = [(r, asynchronous[same_run(r)]) for r in results.get(f"bidirl-eta{eta}{suffix}", [])
+                     if same_run(r) in asynchronous]
             starts = sorted({round(r["accuracy_start"], 4) for r, _ in pairs}, reverse=True)
             for start in [*starts, None] if len(starts) > 1 else starts:
                 some = [(r, a) for r, a in pairs if start is None or round(r["accuracy_start"], 4) == start]

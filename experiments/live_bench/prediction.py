@@ -155,6 +155,7 @@ def print_tables(results: dict, scaled: list) -> None:
           "busy, measured (last round) | busy, predicted | switches measured / predicted (last round) | "
           "leases measured (last round) | leases predicted |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rate_errors, step_errors = [], []  # (of the means over rounds, as the table prints them)
     for name, rounds in results.items():
         for policy in POLICIES:
             cells = [r[policy] for r in rounds]
@@ -163,23 +164,17 @@ def print_tables(results: dict, scaled: list) -> None:
             m, p = statistics.fmean(measured), statistics.fmean(predicted)
             ms = statistics.fmean(c["measured_steady_step_s"] for c in cells)
             ps = statistics.fmean(c["predicted_steady_step_s"] for c in cells)
+            rate_errors.append((p - m) / m)
+            step_errors.append((ps - ms) / ms)
             print(f"| {name} | {policy} | {m:.1f} ({', '.join(f'{x:.1f}' for x in measured)}) | {p:.1f} | "
-                  f"{100 * (p - m) / m:+.1f}% | {ms:.3f} | {ps:.3f} | {100 * (ps - ms) / ms:+.1f}% | "
+                  f"{100 * rate_errors[-1]:+.1f}% | {ms:.3f} | {ps:.3f} | {100 * step_errors[-1]:+.1f}% | "
                   f"{work(cells[-1]['measured_work_per_step'])} | {work(cells[-1]['predicted_work_per_step'])} | "
                   f"{busy(cells[-1]['measured_breakdown'])} | "
                   f"{busy(cells[-1]['predicted_breakdown'])} | {cells[-1]['measured_switches']} / "
                   f"{cells[-1]['predicted_switches']} | {leases(cells[-1]['measured_leases'])} | "
                   f"{leases(cells[-1]['predicted_leases'])} |")
-
-    def error(cells: list, key: str) -> float:  # (of the means over rounds, as the table prints them)
-        predicted = statistics.fmean(c[f"predicted_{key}"] for c in cells)
-        return predicted / statistics.fmean(c[f"measured_{key}"] for c in cells) - 1
-
-
-    errors = [error([r[policy] for r in rounds], key) for rounds in results.values() for policy in POLICIES
-              for key in ("samples_per_s", "steady_step_s")]
-    print(f"\nwithin 10% (unrounded): steady step {sum(abs(e) <= 0.10 for e in errors[1::2])} of {len(errors) // 2} "
-          f"cells, samples/s {sum(abs(e) <= 0.10 for e in errors[0::2])} of {len(errors) // 2}")
+    print(f"\nwithin 10% (unrounded): steady step {sum(abs(e) <= 0.10 for e in step_errors)} of {len(step_errors)} "
+          f"cells, samples/s {sum(abs(e) <= 0.10 for e in rate_errors)} of {len(rate_errors)}")
     if scaled:
         print("\n| setting | length spread | " + " | ".join(f"{d} devices" for d in DEVICE_COUNTS) + " |")
         print("|---|---|" + "---|" * len(DEVICE_COUNTS))
