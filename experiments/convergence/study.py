@@ -17,17 +17,18 @@ steps, hence the same number of samples:
                        clipped around the behaviour policy; see bidirl/grpo.py); -none: no correction
 
 E in {0, 1, 2, 4}. Seeds are RL seeds (sampling, prompt order); every arm starts from the base model
-``model.tiny.seed`` 0 builds (the same one on one machine; another machine's CPU kernels may build another,
-so runs are grouped by the base model they started from). Held-out accuracy is greedy, on
+``model.tiny.seed`` ``--base-seed`` (default 0) builds (the same one on one machine; another machine's CPU
+kernels may build another, so runs are grouped by the base model they started from). Held-out accuracy is greedy, on
 ``data.eval_size=2000`` requested problems, of which the task's held-out split holds about 1,210 distinct
 ones (a standard error of about 1.3 points at these accuracies), every ``--eval-every`` steps and at the end.
 
-Each finished run leaves ``results/steps<N>/<arm>-seed<S>.json`` (its curve, staleness histogram,
-importance-weight statistics, throughput); a rerun skips those, so the study can be run a few arms at a
-time -- keyed by arm and seed only: a seed run on another machine's base model is skipped here, so run
-new seeds there. ``--report`` (also run after every study) writes ``results-steps<N>.md`` and one figure
-per base model, ``figures/curves-steps<N>-start<accuracy>.png``, from whatever results exist, and the
-README quotes them. Nothing is tuned toward a result.
+Each finished run leaves ``results/steps<N>/<arm>-seed<S>.json`` (``-base<N>`` added for another base seed:
+its curve, staleness histogram, importance-weight statistics, throughput); a rerun skips those, so the
+study can be run a few arms at a time -- keyed by arm, seed and base seed: a seed run on another machine's
+build of the same base seed is skipped here, so run new seeds there. ``--report`` (also run after every
+study) writes ``results-steps<N>.md`` and one figure per base model,
+``figures/curves-steps<N>-start<accuracy>.png``, from whatever results exist, and the README quotes them.
+Nothing is tuned toward a result.
 """
 
 from __future__ import annotations
@@ -65,11 +66,11 @@ def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def run_arm(arm: str, seed: int, steps: int, eval_every: int, scratch: Path) -> dict:
-    """One live run; what the study keeps of it."""
-    out_dir = scratch / f"{arm}-seed{seed}"
-    command = [BIDIRL, "launch", PIPELINE, *COMMON, *ARMS[arm], f"seed={seed}", f"train.steps={steps}",
-               f"logging.eval_every={eval_every}", f"output_dir={out_dir}"]
+def run_arm(arm: str, seed: int, steps: int, eval_every: int, scratch: Path, base_seed: int = 0) -> dict:
+    """One live run from the base model ``model.tiny.seed=base_seed`` builds; what the study keeps of it."""
+    out_dir = scratch / f"{arm}-seed{seed}-base{base_seed}"
+    command = [BIDIRL, "launch", PIPELINE, *COMMON, *ARMS[arm], f"seed={seed}", f"model.tiny.seed={base_seed}",
+               f"train.steps={steps}", f"logging.eval_every={eval_every}", f"output_dir={out_dir}"]
     start = time.time()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
@@ -80,7 +81,8 @@ def run_arm(arm: str, seed: int, steps: int, eval_every: int, scratch: Path) -> 
     steps_rows = [r for r in read_jsonl(summary_path.parent / "metrics.jsonl") if "reward_mean" in r]
     weights = [r["importance_weight_mean"] for r in steps_rows if "importance_weight_mean" in r]
     clipped = [r["importance_weight_clipped"] for r in steps_rows if "importance_weight_clipped" in r]
-    return {"arm": arm, "seed": seed, "steps": steps, "overrides": ARMS[arm], "eval_every": eval_every,
+    return {"arm": arm, "seed": seed, "base_seed": base_seed, "steps": steps, "overrides": ARMS[arm],
+            "eval_every": eval_every,
             "curve": [(p["samples"], p["accuracy"]) for p in summary["curve"]],
             "accuracy_start": summary["accuracy_start"], "accuracy_end": summary["accuracy_end"],
             "staleness_histogram": summary["staleness_histogram"],
@@ -210,8 +212,21 @@ def by_base_model(results: dict) -> "list[tuple[float, dict]]":
 
 
 def same_run(row: dict) -> tuple:
-    """What two arms' runs share when paired: the seed (hence the prompts) and the base model (its start)."""
-    return row["seed"], round(row["accuracy_start"], 4)
+    """What two arms' runs share when paired: the seed (hence the prompts) and the base model (the seed
+    that built it, and its start: the build is reproducible on one machine only)."""
+    return row["seed"], row.get("base_seed", 0), round(row["accuracy_start"], 4)
+
+
+def base_model_name(rows: list) -> str:
+    """A base model as the report names it: its held-out accuracy at start and the seed that built it."""
+    seeds = sorted({r.get("base_seed", 0) for r in rows})
+    return f"{100 * rows[0]['accuracy_start']:.1f}% (model.tiny.seed {', '.join(map(str, seeds))})"
+
+
+def result_name(arm: str, seed: int, base_seed: int) -> str:
+    """``<arm>-seed<S>.json`` from the base model of ``model.tiny.seed`` 0 (the study's first runs),
+    ``<arm>-seed<S>-base<N>.json`` from another."""
+    return f"{arm}-seed{seed}{f'-base{base_seed}' if base_seed else ''}.json"
 
 
 def paired(results: dict) -> str:
@@ -257,7 +272,7 @@ def borrowing(results: dict) -> str:
                 some = [(r, a) for r, a in pairs if start is None or round(r["accuracy_start"], 4) == start]
                 ends = [r["accuracy_end"] - a["accuracy_end"] for r, a in some]
                 lates = [late_mean(r) - late_mean(a) for r, a in some]
-                where = "both" if start is None else f"{100 * start:.1f}%"
+                where = "all" if start is None else base_model_name([r for r, _ in some])
                 seeds = ",".join(str(r["seed"]) for r, _ in sorted(some, key=lambda p: p[0]["seed"]))
                 lines.append(f"| {eta}{suffix} | {where} | {seeds} | {show(ends)} | {show(lates)} |")
     return "\n".join(lines)
@@ -273,7 +288,7 @@ def write_report(steps: int) -> None:
         tag = tag if tag not in tags else f"{tag}-{len(tags)}"  # (two base models within 0.05 points)
         tags.add(tag)
         figure = f"figures/curves-steps{steps}-start{tag}.png"
-        sections.append(f"## The base model at {100 * start:.1f}% held-out at start, seeds "
+        sections.append(f"## The base model at {base_model_name([r for rows in group.values() for r in rows])}, seeds "
                         f"{', '.join(map(str, seeds))}\n\n{report(group)}\n\n![curves]({figure})")
         plot(group, HERE / figure)
     if results:
@@ -289,6 +304,8 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                         help=f"comma-separated, of: {', '.join(ARMS)} (default: the issue's arms)")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--base-seed", type=int, default=0,
+                        help="model.tiny.seed of the base model every run starts from (default 0)")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run (the CPU default's 200)")
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--report", action="store_true",
@@ -307,11 +324,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             for seed in seeds:  # seed-major: a partial study still has every arm at some seeds
                 for arm in arms:
-                    target = results_dir(args.steps) / f"{arm}-seed{seed}.json"
+                    target = results_dir(args.steps) / result_name(arm, seed, args.base_seed)
                     if target.exists():
                         continue
-                    print(f"{arm} seed {seed} ...", flush=True)
-                    row = run_arm(arm, seed, args.steps, args.eval_every, Path(scratch))
+                    print(f"{arm} seed {seed} base model {args.base_seed} ...", flush=True)
+                    row = run_arm(arm, seed, args.steps, args.eval_every, Path(scratch), args.base_seed)
                     target.write_text(json.dumps(row, indent=1) + "\n")
                     print(f"  accuracy {row['accuracy_start']:.3f} -> {row['accuracy_end']:.3f}, "
                           f"{row['samples_per_s']:.0f} samples/s, {row['wall_s']:.0f} s", flush=True)
