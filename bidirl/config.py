@@ -113,7 +113,9 @@ class TrainConfig:
     micro_batch_size: int = 64
     steps: int = 100
     max_grad_norm: float = 1.0
-    zero_stage: int = 1  # DeepSpeed ZeRO stage (train.engine=deepspeed)
+    # DeepSpeed ZeRO stage (train.engine=deepspeed): the runtime (launch and the train stage) trains with 0
+    # only; 1-3 are for the engine used on its own (bidirl.engines.build.check_runtime_train_engine)
+    zero_stage: int = 0
     # log-probs are computed this many token positions at a time through the output head, recomputed in
     # the backward pass: a micro-batch never holds its full-vocabulary fp32 logits at once (0 = at once)
     logprob_chunk_tokens: int = 2048

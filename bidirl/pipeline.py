@@ -75,9 +75,12 @@ def stage_evaluate(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def check_in_process_policy(cfg: PipelineConfig) -> None:
-    """The train stage runs colocated GRPO in this process: a policy with two pools needs the runtime."""
+    """The train stage runs colocated GRPO in this process: a policy with two pools needs the runtime;
+    its train engine is driven as the runtime drives it."""
+    from bidirl.engines.build import check_runtime_train_engine
     from bidirl.sched.policy import POLICIES
 
+    check_runtime_train_engine(cfg)
     if not POLICIES[cfg.launch.mode].synchronous:
         raise BidirlError(f"launch.mode={cfg.launch.mode} needs a rollout pool and a train pool, which the train "
                           "stage (one process) has not: use a launch stage, or `bidirl launch` with cluster.devices >= 2")

@@ -118,6 +118,8 @@ CASES = {
     "a dry run of a re-run": (["run", TINY, "--dry-run", "--from", "evaluate"], "--dry-run"),
     "a run directory for a new run": (["run", TINY, "--run-dir", "{tmp}/old-run"], "--run-dir"),
     "a train stage given two pools": (["run", TINY, "stages=[train]", "launch.mode=bidirl"], "launch.mode=bidirl"),
+    "a train stage on ZeRO partitions": (["run", TINY, "train.engine=deepspeed", "train.zero_stage=1"],
+                                         "train.zero_stage=0 only, got 1"),
     "a simulated policy with one device": (["run", "pipelines/sim-32gpu.yaml", "cluster.devices=1",
                                             "sim.policies=[areal]"], "cluster.devices=1"),
     "a re-run with no earlier run": (["run", TINY, "--from", "evaluate"], "no earlier run of pipeline 'cpu-tiny'"),

@@ -351,7 +351,7 @@ def test_deepspeed_zero_partitions_are_refused_by_launch_in_one_line(tmp_path, d
     result = launch(tmp_path, f"cluster.devices={devices}", "launch.mode=async" if devices > 1 else "launch.mode=sync",
                     "train.engine=deepspeed", "train.zero_stage=1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: bidirl launch supports train.engine=deepspeed")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: train.engine=deepspeed runs in bidirl's runtime")
 
 
 def test_instances_of_several_devices_are_refused_by_launch_in_one_line(tmp_path):
@@ -359,6 +359,16 @@ def test_instances_of_several_devices_are_refused_by_launch_in_one_line(tmp_path
                     "launch.mode=async")
     assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
     assert "instances of several devices are simulated and planned only" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_launch_may_leave_the_instance_size_to_the_planner_which_runs_one_device_engines():
+    from bidirl.config import load_config
+    from bidirl.planner import live_partition
+    from bidirl.runtime.launch import check_plan
+
+    cfg = load_config("pipelines/cpu-tiny.yaml", ["cluster.devices=2", "launch.mode=async", "cluster.instance_devices=0"])
+    check_plan(cfg)  # (it refused 0 before live_partition could make it 1)
+    assert "cluster.instance_devices=1" in live_partition(cfg)
 
 
 def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_taken(async_run):

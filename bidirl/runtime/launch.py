@@ -85,11 +85,12 @@ def torchrun_command(cfg_path: str, overrides: List[str], cfg: PipelineConfig, t
 def check_plan(cfg: PipelineConfig) -> None:
     """An impossible partition fails here, in one line, before any process starts: the very assembly
     the controller will make, on the live runtime's capabilities."""
+    from bidirl.engines.build import check_runtime_train_engine
     from bidirl.sched.assembly import assemble
     from bidirl.sched.estimates import MeasuredEstimates
     from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 
-    if cfg.cluster.instance_devices != 1:
+    if cfg.cluster.instance_devices not in (0, 1):  # (0, the planner's choice, is 1 live: live_partition)
         raise BidirlError(f"cluster.instance_devices={cfg.cluster.instance_devices}: instances of several devices are "
                           "simulated and planned only (`bidirl simulate`, `bidirl plan`); the runtime's engines run "
                           "one device each")
@@ -99,12 +100,7 @@ def check_plan(cfg: PipelineConfig) -> None:
         assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), MeasuredEstimates(), replanner)
     except ValueError as exc:
         raise BidirlError(str(exc)) from None
-    # (on one device too: a step's micro-batches reach the trainer in several calls, and at each call's
-    # accumulation boundary ZeRO 1-2 rebuild the step's gradients from that call alone, found in review)
-    if cfg.train.engine == "deepspeed" and cfg.train.zero_stage > 0:
-        raise BidirlError(f"bidirl launch supports train.engine=deepspeed with train.zero_stage=0, got "
-                          f"{cfg.train.zero_stage}: ZeRO 1-3 keep gradients inside DeepSpeed's partitions, and the "
-                          "runtime reduces gradients itself over train pools that change at run time")
+    check_runtime_train_engine(cfg)
 
 
 def check_memory(cfg: PipelineConfig, model_path: str) -> "DeviceBudget":
