@@ -286,9 +286,11 @@ def compare(
     pipeline: Optional[Path] = typer.Argument(None, help="Pipeline YAML (default: pipelines/cpu-demo.yaml, the CPU "
                                               "default, live on 2 CPU devices).", show_default=False),
     overrides: Optional[List[str]] = OVERRIDES,
-    baselines: str = typer.Option("verl,areal,roll", "--baselines",
-                                  help="Comma-separated baselines (verl, areal, roll, streamrl, verl-dynamic, verl-async; "
-                                       "trl: the real TRL GRPOTrainer, live only, needs bidirl[trl])."),
+    baselines: Optional[str] = typer.Option(
+        None, "--baselines", show_default=False,
+        help="Comma-separated baselines: verl, areal, roll, streamrl, verl-dynamic, verl-async; trl: the real TRL "
+             "GRPOTrainer, live only, needs bidirl\\[trl]. Default: the pipeline's compare.baselines (verl,areal,roll "
+             "unless it names others)."),
     debug: bool = DEBUG,
 ) -> None:
     """bidirl against the baselines, each at its own best split: live where the pipeline's cluster is this
@@ -301,12 +303,13 @@ def compare(
         from bidirl.rundir import RunDir
         from bidirl.runtime_env import prepare_process
 
-        names = parse_baselines(baselines)
+        named = parse_baselines(baselines) if baselines is not None else None  # (a bad name before anything loads)
         path, extra = pipeline, list(overrides or [])
         if path is not None and _is_override(str(path)):  # overrides only: the default pipeline
             path, extra = None, [str(pipeline), *extra]
         path = path or DEFAULT_PIPELINE
         cfg = _config(path, extra)
+        names = named or parse_baselines(",".join(cfg.compare.baselines))
         prepare_process(cfg.cluster.device_type)
         preflight(cfg, names)  # bad input fails here, before the run directory exists
         run = RunDir(cfg)

@@ -225,6 +225,14 @@ def test_compare_with_an_unknown_baseline_is_one_line_listing_the_valid_names(tm
     assert not any(tmp_path.iterdir())
 
 
+def test_compare_without_baselines_compares_those_the_pipeline_names(tmp_path):
+    result = bidirl("compare", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=8", "sim.gantt=false",
+                    "compare.baselines=[areal]", f"output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    (run,) = tmp_path.iterdir()
+    assert [r["name"] for r in json.loads((run / "compare.json").read_text())] == ["areal", "bidirl"]
+
+
 def test_compare_on_a_cluster_that_is_not_here_simulates_every_policy_at_its_own_split(tmp_path):
     result = bidirl("compare", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=8", "sim.gantt=false",
                     f"output_dir={tmp_path}", "--baselines", "verl,areal,roll")
