@@ -28,10 +28,10 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
-demo: $(STAMP)  ## the whole method on 2 CPU devices: profile, plan, bidirl, compare (~9-11 min)
+demo: $(STAMP)  ## the whole method on 2 CPU devices: profile, plan, bidirl, compare (~6-9 min)
 	.venv/bin/bidirl run pipelines/cpu-demo.yaml
 
-test: $(STAMP)  ## the test suite, slow checks excluded (~12-16 min on 2 cores, measured from a clean clone)
+test: $(STAMP)  ## the test suite, slow checks excluded (~8-10 min on 2 cores, measured from a clean clone)
 	.venv/bin/pytest -q -m "not slow"
 
 test-slow: $(STAMP)  ## the slow checks only
@@ -43,7 +43,7 @@ bench: $(STAMP)  ## slow checks + simulator validation and speed + planner speed
 	$(PY) experiments/sim_validation/speed.py
 	$(PY) experiments/planner/quality.py --speed
 
-sim: $(STAMP)  ## the simulated 32-GPU comparison of every policy
+sim: $(STAMP)  ## the simulated 32-GPU comparison of the baselines and bidirl (sim.policies)
 	.venv/bin/bidirl simulate pipelines/sim-32gpu.yaml
 
 compare: $(STAMP)  ## bidirl against verl-, areal- and roll-style policies, live on 2 CPU devices
@@ -52,5 +52,5 @@ compare: $(STAMP)  ## bidirl against verl-, areal- and roll-style policies, live
 lint: $(STAMP)  ## ruff (configured in pyproject.toml)
 	.venv/bin/ruff check bidirl cli tests experiments
 
-clean:  ## remove .venv, runs/ and the model cache
+clean:  ## remove .venv, runs/ and .cache (models and problem lists)
 	rm -rf .venv runs .cache
