@@ -83,10 +83,13 @@ def test_run_writes_a_complete_run_directory(tmp_path):
     (run_dir,) = (tmp_path / "runs").iterdir()
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["model"]["tiny"]["hidden_size"] == 64 and config["data"]["task"] == "basic_arithmetic"
-    stages = [json.loads(line)["stage"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert stages == ["prepare_model", "evaluate"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in rows] == ["prepare_model", "evaluate"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "ok" and 0.0 <= summary["evaluation"]["accuracy"] <= 1.0
+    evaluation = summary["evaluation"]  # 8 held-out problems (data.eval_size=8), each right or wrong
+    assert summary["status"] == "ok" and evaluation["problems"] == rows[1]["eval_problems"] == 8
+    assert evaluation["accuracy"] == pytest.approx(rows[1]["eval_accuracy"], abs=1e-4)
+    assert (evaluation["accuracy"] * 8) == pytest.approx(round(evaluation["accuracy"] * 8), abs=1e-3)
     assert list((run_dir / "wandb").glob("offline-run-*"))
 
 
@@ -262,7 +265,15 @@ def test_the_demo_pipeline_profiles_plans_launches_and_compares_into_one_run_dir
     (run,) = (tmp_path / "runs").iterdir()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["stages"] == ["prepare_model", "profile", "plan", "launch", "compare"]
-    json.loads((run / "profile.json").read_text()) and json.loads((run / "plan.json").read_text())
+    from bidirl.config import load_config
+    from bidirl.perf.fitted import load_profile
+
+    load_profile(run / "profile.json")  # (a profile the planner reads: it refuses a malformed one in one line)
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["policy"] == "bidirl" and plan["devices"] == 2 and plan["predicted_samples_per_s"] > 0
+    assert plan["model"] == f"profile {run / 'profile.json'}"  # planned on this run's own profile
+    launched = load_config(str(run / "launch" / "config.yaml"))
+    assert launched.cluster.rollout_devices == plan["rollout_devices"] == 1  # launched at the planned split
     rows = json.loads((run / "compare.json").read_text())
     assert [r["name"] for r in rows] == ["verl", "areal", "bidirl"] and all(r["where"] == "live" for r in rows)
     assert rows[-1]["run_dir"] == str(run / "launch")  # the launch stage's bidirl run, reused, not run twice

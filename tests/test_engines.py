@@ -1,5 +1,6 @@
 """Both rollout engines against the torch trainer, on a small random Qwen2 saved to disk."""
 
+import copy
 import importlib.util
 
 import pytest
@@ -133,7 +134,17 @@ def test_trainer_checkpoint_round_trips_weights_optimizer_and_version(model_dir,
     assert restored.version == 1
     for (name, a), b in zip(trainer.state_dict().items(), restored.state_dict().values()):
         assert torch.equal(a, b), name
-    assert restored.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+    saved, loaded = trainer.optimizer.state_dict()["state"], restored.optimizer.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and saved  # AdamW has moments after a step
+    for index, moments in saved.items():  # exp_avg, exp_avg_sq and step, each exactly
+        assert moments.keys() == loaded[index].keys()
+        assert all(torch.equal(moments[k], loaded[index][k]) for k in moments), index
+    # and the schedule goes on where it was: one more step each gives the same weights
+    samples = HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS)
+    train_one_step(trainer, samples)
+    train_one_step(restored, copy.deepcopy(samples))
+    for (name, a), b in zip(trainer.state_dict().items(), restored.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_a_trainer_that_adopts_anothers_training_state_steps_identically_from_then_on(model_dir):

@@ -42,7 +42,9 @@ def test_saved_tiny_model_reloads_with_transformers_and_gives_identical_logits(t
 def test_tiny_base_model_is_built_once_and_reused_from_cache(tmp_path):
     cfg = _tiny_pipeline(tmp_path)
     first = prepare_model(cfg)
-    assert not first.reused and 0.0 <= first.info["accuracy"] <= 1.0
+    problems = first.info["eval_problems"]  # its held-out evaluation when built, each problem right or wrong
+    assert not first.reused and problems == cfg.data.eval_size
+    assert first.info["accuracy"] * problems == pytest.approx(round(first.info["accuracy"] * problems), abs=1e-2)
     second = prepare_model(cfg)
     assert second.reused and second.path == first.path and second.info == first.info
 

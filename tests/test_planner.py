@@ -416,7 +416,8 @@ def test_asked_to_choose_the_instance_size_the_planner_plans_each_size_and_keeps
     assert all(c.cluster.instance_devices in (1, 2, 4, 8) for c in planned.values())
     result = simulate(planned["areal"], "areal", with_bound=False)
     assert result.instance_devices == planned["areal"].cluster.instance_devices
-    assert result.split.endswith("" if result.instance_devices == 1 else f"k={result.instance_devices}")
+    k = result.instance_devices
+    assert result.split.endswith(f" k={k}") if k > 1 else "k=" not in result.split
 
 
 def test_an_instance_size_that_does_not_fit_memory_is_skipped_and_when_none_fits_the_error_says_why(tmp_path):

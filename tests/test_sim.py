@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,8 +213,13 @@ def test_every_policy_trains_every_group_once_within_the_staleness_bound(policy,
                       keep_trace=True)
     cluster = result.cluster
     assert cluster.trained_groups == cluster.admitted == 12 * 64
-    if cluster.deadlines:  # verl-async counts staleness instead of bounding it (tested below)
+    if cluster.deadlines:
         assert max(result.staleness) <= result.eta
+    else:  # verl-async bounds how far generation runs ahead instead: no group starts more than eta batches
+        # past the weights it is generated with (``chunk N: groups a-b at vV``)
+        starts = [re.fullmatch(r"chunk \d+: groups (\d+)-(\d+) at v(\d+)", r["reason"]) for r in cluster.trace]
+        starts = [(int(m[2]), int(m[3])) for m in starts if m]
+        assert len(starts) >= 12 and all(last < v * cluster.B + math.floor((eta + 1) * cluster.B) for last, v in starts)
     assert all(d.role is d.home and d.idle for d in cluster.devices)  # every lease ended
     assert 0 < result.efficiency <= 1.0 + 1e-9
 

@@ -51,8 +51,13 @@ def test_a_micro_batch_never_holds_its_full_vocabulary_logits_at_once(model_dir,
     original = head.forward
     monkeypatch.setattr(head, "forward", lambda h: widest.append(h.shape[0]) or original(h))
     trainer.compute_grads(samples)
-    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    assert max(widest) == 8 and sum(widest) >= tokens / 2  # every position went through the head, 8 at a time
+    assert widest and max(widest) == 8  # the trainer's gradients go through the head 8 positions at a time
+    widest.clear()
+    ids, attention, _ = pack(samples, trainer.tokenizer.pad_token_id, torch)
+    with torch.no_grad():  # (no recomputation: each position once)
+        token_logprobs(trainer.model, ids, attention, 1.0, torch, 8)
+    positions = ids.shape[0] * (ids.shape[1] - 1)  # every next-token position of the packed micro-batch
+    assert sum(widest) == positions and widest[:-1] == [8] * (len(widest) - 1) and 0 < widest[-1] <= 8
 
 
 def test_a_bf16_model_trains_on_fp32_master_weights_so_updates_below_bf16_resolution_are_kept(model_dir, samples):
