@@ -36,8 +36,31 @@ def test_every_torch_load_refuses_pickled_objects():
 
 
 def test_nothing_is_unpickled():
-    assert [(str(p), n.lineno) for name in ("loads", "load") for p, n in calls(name)
-            if isinstance(n.func, ast.Attribute) and getattr(n.func.value, "id", "") == "pickle"] == []
+    unpicklers = {"pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+    imported = []
+    for path in SOURCES:  # not imported at all, under any name
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            imported += [(str(path.relative_to(ROOT)), node.lineno) for n in names if n.split(".")[0] in unpicklers]
+    assert imported == []
+    # numpy's loaders unpickle only when asked to
+    assert [(str(p), n.lineno) for p, n in calls("load") if any(k.arg == "allow_pickle" for k in n.keywords)] == []
+
+
+def test_every_yaml_load_uses_a_safe_loader():
+    import yaml
+
+    import bidirl.config
+
+    loads = [(p, n) for p, n in calls("load")
+             if isinstance(n.func, ast.Attribute) and getattr(n.func.value, "id", "") == "yaml"]
+    assert loads  # (the check sees them)
+    for path, node in loads:
+        loader = {k.arg: k.value for k in node.keywords}.get("Loader")
+        assert isinstance(loader, ast.Name), f"{path}:{node.lineno} yaml.load without a named Loader"
+        assert issubclass(getattr(bidirl.config, loader.id), yaml.SafeLoader), f"{path}:{node.lineno}"
+    assert calls("unsafe_load") == [] and calls("full_load") == []
 
 
 def test_a_single_node_run_keeps_its_gradient_and_weight_sockets_on_loopback():
