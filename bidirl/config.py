@@ -152,8 +152,9 @@ class ClusterConfig:
     devices: int = 1
     rollout_devices: int = 0  # 0 = let the planner choose
     nnodes: int = 1
-    # re-plan the partition every this many steps on the response lengths measured so far, moving
-    # devices between pools at a step boundary (0 = keep the starting partition); simulator and runtime
+    # re-plan the partition every this many optimizer updates (weight versions: with
+    # algorithm.updates_per_sync = u a step is u of them) on the response lengths measured so far, moving
+    # devices between pools at an update boundary (0 = keep the starting partition); simulator and runtime
     replan_every: int = 0
     # devices per scheduling unit: a rollout instance tensor-parallel over k devices, a train group of k;
     # a lease lends a whole unit (1, 2, 4 or 8; simulated and planned only: the CPU engines run one device
