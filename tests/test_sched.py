@@ -494,3 +494,49 @@ def test_a_simulated_borrowed_device_that_hangs_loses_its_lease_and_the_others_r
     assert cluster.trained_groups == 3 * 8 and cluster.finished  # and the hung device came home when it woke
     back = [r for r in cluster.trace if r["device"] == 0 and r["from"] == "switching" and r["role"] == "rollout"]
     assert back[0]["t"] > start + 100
+
+
+@pytest.mark.parametrize("stall, expires_at", [(15.0, None), (100.0, 20.0)])
+def test_without_a_given_timeout_a_simulated_lease_expires_by_the_live_controllers_rule(stall, expires_at):
+    # micro-batches of 2 s: 10 times the slowest is 20 s (the live controller's floor is 10 s)
+    policy = build_policy("async-lend")
+    cluster = Cluster(policy.homes(2, 1), batch_groups=8, eta=0, steps=3, chunk_groups=8)
+    Simulator(cluster, policy, FixedCosts(generate_per_group=0.1, train_step=8.0), pull_samples=8,
+              stalls={0: stall}).run()
+    start = next(r["t"] for r in cluster.trace if r["device"] == 1 and r["to"] == "training")
+    if expires_at is None:
+        assert cluster.expired_leases == []  # a 15 s stall is slow, not dead
+    else:
+        assert [t for t, _, _ in cluster.expired_leases] == [pytest.approx(start + expires_at)]
+    assert cluster.trained_groups == 3 * 8 and cluster.finished
+
+
+def test_a_step_counts_its_devices_wait_before_a_device_joins_it():
+    from bidirl.sched.estimates import StepProgress
+
+    step = StepProgress(2.0, 2, 0.0)  # two devices, 1 s of work each: out of work from t=1
+    step.join(5.0)  # 4 s idle on each before the third arrives
+    step.add(6.0, 1.0)  # and 1 s on all three before more work arrives
+    assert step.waited == pytest.approx(2 * 4.0 + 3 * 1.0)
+
+
+def test_a_device_cannot_join_a_step_whose_work_has_run_out():
+    class LateJoin(ScriptedJoin):  # the lent device is switched in only after the step's work is done
+        def decide(self, event, cluster):
+            if isinstance(event, ev.SwitchDone) and event.role is Role.TRAIN:
+                assert not cluster.accepting_joins  # (the work ran out at t=4; the step ends after its finish)
+                actions = [ev.Switch(event.device, Role.ROLLOUT, "nothing left to share")]
+            elif isinstance(event, ev.TrainDone) and event.version == 1:
+                actions = [ev.Train((1,))]
+            else:
+                return super().decide(event, cluster)
+            for action in actions:
+                cluster.apply(action)
+            return actions
+
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN, Role.ROLLOUT], batch_groups=1, eta=1, steps=2, chunk_groups=2,
+                      inflight_groups=2)
+    costs = FixedCosts(generate_per_group=0.0, train_step=4.0, switch_s=4.5, step_overhead_s=1.0)
+    Simulator(cluster, LateJoin(), costs).run()
+    steps = [(r["t"], r["reason"]) for r in cluster.trace if r["device"] == 1 and r["to"] == "idle" != r["from"]]
+    assert steps[0] == (5.0, "step -> v1")  # its own work and finish, not delayed by a joiner

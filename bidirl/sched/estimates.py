@@ -132,6 +132,7 @@ class StepProgress:
         return self.since + self.work_left / self.devices + communication_s
 
     def join(self, now: float, epoch: int = 0) -> None:
+        self.waited += max(0.0, self.devices * (now - self.since) - self.work_left)  # out of work until now
         self.work_left = self.seconds_left(now) * self.devices
         self.devices, self.since, self.epoch = self.devices + 1, now, epoch
 

@@ -230,15 +230,17 @@ class Tick(NamedTuple):
 
 class Simulator:
     def __init__(self, cluster: Cluster, policy: Any, costs: Any, max_events: int = 50_000_000,
-                 pull_samples: int = 0, stalls: Optional[Dict[int, float]] = None, lease_timeout_s: float = 10.0):
+                 pull_samples: int = 0, stalls: Optional[Dict[int, float]] = None, lease_timeout_s: float = 0.0):
         self.cluster, self.policy, self.costs, self.max_events = cluster, policy, costs, max_events
         self.pull_samples = pull_samples  # samples per pulled micro-batch (0: work divides continuously)
         # fault injection: device -> seconds it hangs in its first micro-batch as a borrowed device; a lease
         # whose micro-batch runs past ``lease_timeout_s`` expires (LeaseExpired), as in the live controller
+        # (0: the live controller's rule, 10 times the slowest micro-batch so far and at least 10 s)
         self.stalls = dict(stalls or {})
         if self.stalls and not pull_samples:
             raise ValueError("stalled devices need pulled micro-batches (pull_samples)")
-        self.lease_timeout_s = lease_timeout_s
+        self.lease_timeout_given = lease_timeout_s
+        self.slowest_item_s = 0.0
         self.slots: Dict[int, int] = {}  # device -> its slot in the pulled step in progress
         self.hung_until: Dict[int, float] = {}  # an expired device is busy until its stall ends
         self.heap: List[Tuple[float, int, Any]] = []
@@ -381,7 +383,14 @@ class Simulator:
         samples = math.ceil(self.costs.trained_samples(parts))
         work = self.costs.train_work(parts)
         items = pulled_items(samples, self.pull_samples, devices) if whole else max(1, -(-samples // self.pull_samples))
+        self.slowest_item_s = max(self.slowest_item_s, work / items)  # (its compute: what the controller times)
         return [work / items + self.costs.micro_batch_overhead()] * items  # (each one's round trip too)
+
+    @property
+    def lease_timeout_s(self) -> float:
+        """The live controller's (``Controller.lease_timeout_s``): the given timeout, else 10 times the
+        slowest micro-batch so far, at least 10 s."""
+        return self.lease_timeout_given or max(10.0, 10 * self.slowest_item_s)
 
     def feed_stream(self, now: float) -> None:
         """Groups that finished into the streamed step in progress become gradient work."""
@@ -421,21 +430,23 @@ class Simulator:
         if self.cluster.streaming:
             return
         now = self.cluster.now  # (a home trainer joining after the work ran out: the step ends now)
-        if self.pull_samples:
-            self.push(max(now, self.step.last_start), CloseTick(self.step.epoch))
+        # no device joins once there is nothing left to share: the last micro-batch has started, or
+        # (work shared continuously) the work has run out
+        closes = self.step.last_start if self.pull_samples else self.step.finish()
+        self.push(max(now, closes), CloseTick(self.step.epoch))
         self.push(max(now, self.step.finish()) + self.step_communication(self.cluster.training_devices),
                   StepTick(self.step.epoch))
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
-        ran_out = max(self.step.finish() if not self.cluster.streaming else now, self.rejoin_counted)
-        if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
-            self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
-            self.rejoin_counted = now
         warmup = self.warmup(action.device, "train")
         if self.pull_samples:
+            ran_out = max(self.step.finish() if not self.cluster.streaming else now, self.rejoin_counted)
+            if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
+                self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
+                self.rejoin_counted = now
             self.slots[action.device] = self.step.devices
             self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device) + warmup)
-        else:
+        else:  # (StepProgress counts the wait of devices that ran out of work before the join)
             self.step.join(now, next(self.step_epochs))
             if warmup:
                 self.step.add(now, warmup, self.step.epoch)
