@@ -209,8 +209,10 @@ class SimConfig:
     load_s: float = 0.1  # applying staged weights in place in a rollout engine (checkpoint-engine class)
     rollout_efficiency: float = 2.14  # RL rollout vs serving-benchmark decode speed; fitted on case A
     mfu: float = 0.33
-    with_reference: bool = False  # a KL reference model adds a 2N forward per token
-    recompute_logprob: bool = True  # old/proximal log-probs recomputed by the trainer (+2N per token)
+    with_reference: bool = False  # a KL reference model adds a 2N forward per token (analytic model)
+    # old/proximal log-probs recomputed by the trainer (+2N per token); the analytic model's (with sim.profile
+    # the measured live trainer's own time is used: it takes them from the forward it trains with)
+    recompute_logprob: bool = True
     gantt: bool = True
     # a profile.json from `bidirl profile`: simulate with the model fitted to it (your own devices)
     # instead of the analytic model of `hardware`/`model`; its workload replaces `workload` if it has one

@@ -539,7 +539,7 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
         raise BidirlError(f"{path}: planned for {data['devices']} devices ({data['rollout_devices']} rollout) but the "
                           f"pipeline has cluster.devices={cfg.cluster.devices}; plan again with `bidirl plan`")
     k = data.get("instance_devices", 1)
-    if isinstance(k, bool) or k not in INSTANCE_SIZES:
+    if not isinstance(k, int) or isinstance(k, bool) or k not in INSTANCE_SIZES:  # (2.0 == 2, but not a size)
         raise BidirlError(f"{path}: key 'instance_devices' must be one of {', '.join(map(str, INSTANCE_SIZES))}; "
                           "plan again with `bidirl plan`")
     if cfg.cluster.instance_devices and k != cfg.cluster.instance_devices:  # 0: the planner's choice, any size

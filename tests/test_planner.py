@@ -64,17 +64,20 @@ def test_a_streamed_steps_parts_cost_what_the_whole_batch_does_even_under_a_nega
         assert parts == pytest.approx(whole) == pytest.approx(2e-4 * 4000)
 
 
-def test_a_profile_used_with_another_cap_group_size_task_difficulty_or_source_than_it_measured_is_one_line(tmp_path):
+def test_a_profile_used_with_another_cap_group_size_task_difficulty_source_model_or_engine_is_one_line(tmp_path):
+    from bidirl.perf.fitted import measured_with
     from bidirl.sim.run import sim_workload
 
-    measured = {"rollout.max_new_tokens": 8, "rollout.group_size": 4, "data.source": "reasoning_gym",
-                "data.task": "basic_arithmetic", "data.task_config": {"max_digits": 1}}
-    (tmp_path / "profile.json").write_text(synthetic_profile(meta=measured).to_json())
     cpu = ["cluster.devices=2", f"sim.profile={tmp_path / 'profile.json'}", "rollout.max_new_tokens=8",
            "rollout.group_size=4", "data.task=basic_arithmetic", "data.task_config={max_digits: 1}"]
-    assert sim_workload(small(*cpu)).name == "measured"
+    measured = measured_with(small(*cpu))  # (what `bidirl profile` records)
+    assert measured["model.source"] == "tiny" and "model.tiny.seed" not in measured
+    (tmp_path / "profile.json").write_text(synthetic_profile(meta=measured).to_json())
+    assert sim_workload(small(*cpu)).name == "measured" == sim_workload(small(*cpu, "model.tiny.seed=3")).name
     for changed in ("rollout.max_new_tokens=1024", "rollout.group_size=2", "data.task=chain_sum",
-                    "data.source=gsm8k", "data.task_config={max_digits: 3}"):
+                    "data.source=gsm8k", "data.task_config={max_digits: 3}", "model.tiny.hidden_size=512",
+                    "model.source=smollm2", "rollout.engine=vllm", "train.engine=deepspeed", "rollout.temperature=0.7",
+                    "cluster.device_type=cuda"):
         key = changed.split("=")[0]
         with pytest.raises(BidirlError, match=f"measured with {key}=.* but the pipeline has {key}=.*; profile again"):
             sim_workload(small(*cpu, changed))
@@ -359,6 +362,7 @@ def test_a_plan_round_trips_and_one_that_no_longer_fits_the_pipeline_is_refused(
     ({"rollout_devices": 3, "instance_devices": 2}, "must be whole instances of 2 devices"),
     ({"rollout_devices": 0}, "is 0 \\(colocated\\), but policy 'bidirl' has a rollout and a train pool"),
     ({"policy": "areal"}, "planned for policy 'areal' but the pipeline has launch.mode=bidirl"),
+    ({"instance_devices": 2.0}, "key 'instance_devices' must be one of 1, 2, 4, 8"),
 ])
 def test_a_plan_that_the_run_would_follow_differently_is_refused_naming_the_key(tmp_path, edit, culprit):
     cfg = small("launch.mode=bidirl", "cluster.instance_devices=0")  # (any instance size may be loaded)

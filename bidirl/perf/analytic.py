@@ -6,8 +6,9 @@ Rollout (one vLLM instance per device; :mod:`bidirl.sim.instance` does the conti
     b(ctx) = (b0 + b1 * ctx) * kv_bytes / 147 KB    fitted to ML.ENERGY H100 ITL data:
                                                     0.080 ms/seq at ~0.5k context, 0.261 at ~4k
     prefill = 2 N * prompt tokens / (MFU * peak)    concurrency <= KV capacity / (kv bytes * context)
-    rollout_efficiency scales the decode step: serving benchmarks run CUDA graphs at steady
-    state, RL rollouts do not; it is the one free constant, fitted on validation case A (veRL GSM8K).
+    rollout_efficiency scales the decode step and the prefill alike (the whole rollout engine): serving
+    benchmarks run CUDA graphs at steady state, RL rollouts do not; it is the one free constant, fitted on
+    validation case A (veRL GSM8K).
 
 Tensor-parallel instances of k devices: each device reads 1/k of the weights and of the KV cache
 (its share of the heads), and every layer adds two small all-reduces (``TP_ALLREDUCE_S`` each); the
@@ -53,7 +54,8 @@ memory plus a fixed cost of rebuilding the KV cache and process state::
 
 ``fixed`` = 0.36 s comes from the one published figure, veRL's 1.2 s train -> generation reshard of a
 7B model on 8xH100 (two switches a step: 0.6 s each, of which 15.2 GB over PCIe Gen5's 64 GB/s is
-0.24 s). ``sim.switch_s`` overrides it for a sensitivity sweep.
+0.24 s). ``sim.switch_s`` replaces the whole switch, weight transfer included and whatever the instance
+size, for a sensitivity sweep.
 """
 
 from __future__ import annotations

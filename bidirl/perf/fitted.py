@@ -31,6 +31,7 @@ line naming the file and the key, never a traceback.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -74,7 +75,10 @@ class Profile:
     warmup: Optional[Dict[str, Any]] = None  # rollout_s, train_s, and the timings they come from
     step_overhead: Optional[Dict[str, Any]] = None  # per_micro_batch_s, finish_s
 
-    def model(self, recompute_logprob: bool = False) -> "FittedModel":
+    def model(self) -> "FittedModel":
+        """The performance model of these measurements. (No recompute pass is added: the profile timed the
+        live trainer, which takes proximal log-probs from the forward it trains with; ``sim.recompute_logprob``
+        and ``sim.with_reference`` describe the analytic model.)"""
         return FittedModel(self)
 
     def measured_workload(self) -> Optional[Workload]:
@@ -134,8 +138,9 @@ class FittedModel:
         one_device(instance_devices)
         return self.profile.capacity
 
-    def __repr__(self) -> str:  # a stable key for the simulator's memoised bound
-        return f"FittedModel({self.profile.device}, {self.profile.meta.get('measured', '')}, {self.a}, {self.per_token})"
+    def __repr__(self) -> str:  # a stable key for the simulator's memoised bound: every measurement in it
+        digest = hashlib.sha256(self.profile.to_json().encode()).hexdigest()[:16]
+        return f"FittedModel({self.profile.device}, {digest}, {self.train_factor})"
 
     def train_compute_seconds(self, tokens: float, recompute_logprob: Optional[bool] = None) -> float:
         # the live trainer takes proximal log-probs from the forward it trains with: no recompute pass
@@ -328,10 +333,22 @@ def measured_with(cfg: Any) -> Dict[str, Any]:
     if cfg.data.source == "reasoning_gym":  # the task and its difficulty knobs set the response lengths
         data = {"data.task": cfg.data.task, "data.task_config": json.loads(json.dumps(cfg.data.task_config))}
     else:  # a local dataset by its name, not its full path (a profile made on another host still fits); a hub id as it is
-        path = Path(cfg.data.path).expanduser()
-        data = {"data.path": path.resolve().name if path.exists() else cfg.data.path}
+        data = {"data.path": _by_name(cfg.data.path)}
+    # the model and the engines set every cost measured: the tiny model by its shape (its seed only by the
+    # lengths it answers with, which the task's settings above stand for)
+    model = {"model.source": _by_name(cfg.model.source)}
+    if cfg.model.source == "tiny":  # (key by key: a mismatch names the one that differs)
+        model.update({f"model.tiny.{k}": v for k, v in asdict(cfg.model.tiny).items() if k != "seed"})
     return {"rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.group_size": cfg.rollout.group_size,
-            "data.source": cfg.data.source, **data}
+            "rollout.temperature": cfg.rollout.temperature, "data.source": cfg.data.source, **data, **model,
+            "rollout.engine": cfg.rollout.engine, "train.engine": cfg.train.engine,
+            "cluster.device_type": cfg.cluster.device_type}
+
+
+def _by_name(source: str) -> str:
+    """A local folder or file by its name (a profile made on another host still fits); anything else as it is."""
+    path = Path(source).expanduser()
+    return path.resolve().name if path.exists() else source
 
 
 def check_profile_fits(profile: Profile, path: Any, settings: Dict[str, Any]) -> None:

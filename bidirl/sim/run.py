@@ -75,7 +75,7 @@ def perf_model(cfg: PipelineConfig) -> PerformanceModel:
     if sim.profile:
         from bidirl.perf.fitted import load_profile
 
-        return load_profile(sim.profile).model(recompute_logprob=sim.recompute_logprob)
+        return load_profile(sim.profile).model()  # (the live trainer as measured: sim.recompute_logprob is analytic)
     if sim.model in MODELS:
         spec = MODELS[sim.model]
     else:
