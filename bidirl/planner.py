@@ -400,11 +400,12 @@ def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, 
 def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
               driver: Optional[DriverCapabilities] = None) -> Callable[[float], int]:
     """For re-planning at run time: mean response length measured -> the planner's split for it (the
-    pipeline's workload with that mean and no further drift)."""
+    pipeline's workload with that mean and no further drift). Lengths are measured after the cap; a
+    workload's mean is before it (:meth:`Workload.uncapped_mean`)."""
     base = sim_workload(cfg)
 
     def choose(mean_tokens: float) -> int:
-        measured = dataclasses.replace(base, mean_tokens=mean_tokens, drift=0.0)
+        measured = dataclasses.replace(base, mean_tokens=base.uncapped_mean(mean_tokens), drift=0.0)
         return plan(cfg, policy, workload=measured, driver=driver).rollout_devices
 
     return choose

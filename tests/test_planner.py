@@ -759,3 +759,18 @@ def test_training_is_profiled_around_the_samples_a_step_will_train_not_the_whole
     assert training_sizes(256, 0.76) == [64, 128, 256]  # most groups teach: up to the whole batch
     assert training_sizes(128, 0.07) == [4, 9, 18]  # a step trains ~9 samples: from half to twice that
     assert len(set(training_sizes(4, 0.01))) == 2  # a tiny batch still gives a line
+
+
+@pytest.mark.parametrize("workload", ["math-drift", "reasoning", "gsm8k"])
+def test_lengths_measured_after_the_cap_give_back_the_mean_before_it(workload):
+    import dataclasses
+
+    from bidirl.perf.workload import GroupDraws, preset
+
+    shape = dataclasses.replace(preset(workload), mean_tokens=3200 if workload != "gsm8k" else 232, drift=0.0)
+    lengths = [n for group in shape.groups_lengths(GroupDraws(0, 8), 0, 4000, 0, 1) for n in group]
+    measured = sum(lengths) / len(lengths)
+    assert measured == pytest.approx(shape.capped_mean(shape.mean_tokens), rel=0.02)  # the draws' own mean
+    assert shape.uncapped_mean(measured) == pytest.approx(shape.mean_tokens, rel=0.03)
+    if workload == "math-drift":  # (its 4k cap cuts 3.2k-mean lengths by about a fifth)
+        assert measured < 0.85 * shape.mean_tokens

@@ -54,6 +54,30 @@ class Workload:
             groups.append([1 if (n := int(exp(mu + sigma * z))) < 1 else cap if n > cap else n for z in z_samples])
         return groups
 
+    def capped_mean(self, mean: float) -> float:
+        """The mean of the lengths drawn with ``mean`` before the cap, after it (log-normal, sigma^2 the sum of
+        the prompt and sample variances: E[min(X, cap)]); to within the rounding to whole tokens."""
+        sigma = math.sqrt(self.prompt_sigma ** 2 + self.sample_sigma ** 2)
+        if sigma == 0:
+            return min(mean, self.cap)
+        mu, log_cap = math.log(mean) - sigma ** 2 / 2, math.log(self.cap)
+        phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+        return mean * phi((log_cap - mu - sigma ** 2) / sigma) + self.cap * (1 - phi((log_cap - mu) / sigma))
+
+    def uncapped_mean(self, measured: float) -> float:
+        """The mean before the cap (``mean_tokens``) whose lengths average ``measured`` after it: what lengths
+        measured in a run say about this workload. A measured workload (``empirical``) scales its groups and
+        caps them afterwards, so its mean is the measured one."""
+        if self.empirical or measured <= 0:
+            return measured
+        low, high = measured, measured  # capped_mean(m) <= m, and grows with m towards the cap
+        while self.capped_mean(high) < measured and high < 1e3 * measured:
+            high *= 2
+        for _ in range(60):
+            middle = math.sqrt(low * high)
+            low, high = (middle, high) if self.capped_mean(middle) < measured else (low, middle)
+        return high
+
     def mean_at(self, step: int, steps: int) -> float:
         """The mean response length (before the cap) of groups generated at ``step``: drift grows it."""
         return self.mean_tokens * (1.0 + self.drift * step / max(1, steps))
