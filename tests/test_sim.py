@@ -401,3 +401,14 @@ def test_workload_draws_are_the_standard_library_gaussians_bit_for_bit():
         assert standard_normals(seed, n) == [gauss(0.0, 1.0) for _ in range(n)]
     draws, gauss = GroupDraws(3, 8), random.Random(3 * 1_000_003 + 1).gauss  # group 256 opens block 1
     assert draws.draws(256) == (gauss(0.0, 1.0), [gauss(0.0, 1.0) for _ in range(8)])
+
+
+def test_with_instances_of_several_devices_switches_and_lent_time_are_counted_in_devices():
+    cfg = small("cluster.devices=16", "cluster.instance_devices=2", "cluster.rollout_devices=6", "algorithm.staleness=0")
+    result = simulate(cfg, "bidirl", keep_trace=True)
+    switched = [r for r in result.cluster.trace if r["to"] == "switching"]  # (the cluster's trace counts units)
+    assert switched and result.switches == 2 * len(switched)
+    leases = result.cluster.lease_summary()
+    for direction, entry in result.leases.items():
+        assert entry["leases"] == leases[direction]["leases"]
+        assert entry["device_s"] == pytest.approx(2 * leases[direction]["device_s"], abs=2e-3)

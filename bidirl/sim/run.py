@@ -39,8 +39,8 @@ class SimResult:
     idle_ratio: Dict[str, float]
     time_breakdown: Dict[str, Dict[str, float]]  # per pool: busy and idle by cause (sched.trace.CATEGORIES)
     staleness: Dict[int, int]
-    switches: int
-    leases: Dict[str, Dict[str, float]]
+    switches: int  # device role switches (an instance of k devices switching is k of them)
+    leases: Dict[str, Dict[str, float]]  # per direction: leases (of whole instances), device-seconds, longest
     sim_seconds: float
     cluster: Optional[Cluster] = field(default=None, repr=False)
     steady_step_s: float = 0.0  # mean step after the first few (sched.trace.steady_step_s)
@@ -180,10 +180,16 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),
-                     costs.switches, cluster.lease_summary(), time.perf_counter() - start,
+                     costs.switches * k, in_devices(cluster.lease_summary(), k), time.perf_counter() - start,
                      cluster if keep_trace else None,
                      steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
                      sum(groups for _, _, _, groups, _ in cluster.migrations))
+
+
+def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[str, float]]:
+    """The cluster's lease summary counts scheduling units (instances of ``k`` devices): a lease lends a
+    whole instance, so it stays one lease, but of k devices' time."""
+    return {direction: {**entry, "device_s": round(entry["device_s"] * k, 3)} for direction, entry in leases.items()}
 
 
 _BOUNDS: Dict[tuple, float] = {}
