@@ -51,6 +51,18 @@ def test_instance_queues_beyond_kv_capacity_and_a_pause_delays_everything():
     assert paused.clock == pytest.approx(1.2)
 
 
+def test_an_engines_warm_up_delays_its_work_without_recomputing_what_already_runs_there():
+    # a pause (a weight load) recomputes the running contexts; a warm-up only waits (their prefill is paid)
+    warmed, paused = (Instance(0.01, 0.0, capacity=4, prefill_s_per_seq=0.5) for _ in range(2))
+    for instance in (warmed, paused):
+        instance.admit(0.0, 0, [10, 10])  # 2 prefills: decoding starts at 1.0
+    warmed.warm_up(0.0, 2.0)
+    paused.pause(0.0, 2.0)
+    drain(warmed), drain(paused)
+    assert warmed.clock == pytest.approx(1.0 + 2.0 + 0.1)
+    assert paused.clock == pytest.approx(1.0 + 2.0 + 2 * 0.5 + 0.1)  # (the recompute of both contexts)
+
+
 def test_an_instance_slowed_down_for_a_while_decodes_slower_for_exactly_that_while():
     instance = Instance(step_a=0.01, step_b=0.0, capacity=100, prefill_s_per_seq=0.0)
     instance.admit(0.0, chunk=0, lengths=[100])

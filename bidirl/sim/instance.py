@@ -188,6 +188,13 @@ class Instance:
         self._join_waiting(now)
         self.epoch += 1
 
+    def warm_up(self, now: float, seconds: float) -> None:
+        """A fresh engine's first work waits ``seconds`` (its warm-up); unlike a pause, nothing running is
+        recomputed (whatever runs here already paid its prefill)."""
+        self._advance(now)
+        self.paused_until = max(now, self.paused_until) + seconds
+        self.epoch += 1
+
     def pause(self, now: float, seconds: float) -> None:
         self._advance(now)
         generated = sum(self.progress - start for _, _, _, start in self.running)

@@ -329,6 +329,7 @@ class Simulator:
         self.step.expire(now, slot, next(self.step_epochs))
         self.handle(ev.LeaseExpired(device), now)
         self.retime_step()
+        self.beside_training(now, self.cluster.training_devices)  # (decoding beside training: no longer it)
 
     def handle(self, event: Any, now: float) -> None:
         if isinstance(event, ev.SwitchDone):
@@ -353,7 +354,7 @@ class Simulator:
             self.push(now + warmup + self.costs.generate(chunk), ev.ChunkDone(action.device, chunk.index))
         else:
             if warmup:
-                self.instances[action.device].pause(now, warmup)
+                self.instances[action.device].warm_up(now, warmup)
             self.instances[action.device].admit(now, chunk.index, self.costs.lengths(chunk), self.costs.G)
             self.dirty.add(action.device)
 
@@ -484,6 +485,9 @@ class Simulator:
     def _migrate(self, action: ev.Migrate, now: float) -> None:
         """The source's engine gives the groups' requests up; the target re-prefills and continues them."""
         source, target = self.instances[action.source], self.instances[action.device]
+        warmup = self.warmup(action.device, "rollout")  # (a device whose first rollout work is moved requests)
+        if warmup:
+            target.warm_up(now, warmup)
         chunks = self.cluster.chunks
         groups = [g for g in source.groups_in_flight(now) if chunks[g[0]].version == action.version][: action.groups]
         target.admit_continued(now, source.take(now, groups))
