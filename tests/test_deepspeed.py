@@ -14,16 +14,22 @@ from tests.builders import small_config, small_model_dir
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_deepspeed_zero_steps_match_the_torch_engine(tmp_path, stage):
-    from bidirl.engines.deepspeed_train import DeepSpeedTrainEngine
-
-    model_dir = small_model_dir(tmp_path)
+def scored_samples(model_dir):
+    """Two prompts' groups of 4 from the model, rewarded and with their group advantages."""
     samples = HFRolloutEngine(model_dir).generate(["Calculate 3 + 4.", "Calculate 9 - 2."],
                                                   SamplingParams(n=4, max_new_tokens=5, seed=0))
     for i, s in enumerate(samples):
         s.reward = float(i % 3 == 0)
     assign_advantages(samples)
+    return samples
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_zero_steps_match_the_torch_engine(tmp_path, stage):
+    from bidirl.engines.deepspeed_train import DeepSpeedTrainEngine
+
+    model_dir = small_model_dir(tmp_path)
+    samples = scored_samples(model_dir)
     cfg = small_config("train.engine=deepspeed", f"train.zero_stage={stage}", "train.micro_batch_size=3")
     reference, ds = TorchTrainEngine(model_dir, cfg), DeepSpeedTrainEngine(model_dir, cfg)
     for _ in range(2):
@@ -41,11 +47,7 @@ def test_a_deepspeed_checkpoint_resumes_the_same_training(tmp_path):
     from bidirl.engines.deepspeed_train import DeepSpeedTrainEngine
 
     model_dir = small_model_dir(tmp_path)
-    samples = HFRolloutEngine(model_dir).generate(["Calculate 3 + 4.", "Calculate 9 - 2."],
-                                                  SamplingParams(n=4, max_new_tokens=5, seed=0))
-    for i, s in enumerate(samples):
-        s.reward = float(i % 3 == 0)
-    assign_advantages(samples)
+    samples = scored_samples(model_dir)
     cfg = small_config("train.engine=deepspeed", "train.zero_stage=0", "train.micro_batch_size=3")
     trained = DeepSpeedTrainEngine(model_dir, cfg)
     trained.step(copy.deepcopy(samples))
