@@ -1,6 +1,6 @@
 """Convergence study: does borrowing change what GRPO learns? Held-out accuracy against samples trained.
 
-    .venv/bin/python experiments/convergence/study.py                      # the issue's arms + async-eta4-none, 3 seeds (resumable)
+    .venv/bin/python experiments/convergence/study.py                      # the issue's arms + control, 3 seeds (resumable)
     .venv/bin/python experiments/convergence/study.py --arms sync,bidirl-eta1 --seeds 0,1 --steps 50
     .venv/bin/python experiments/convergence/study.py --report             # tables and plots only
 
