@@ -117,7 +117,8 @@ def test_a_killed_primary_trainer_loses_no_step_and_applies_none_twice_nor_any_p
     # eta 1: the checkpoint's next batch was generating. Those groups' problems are drawn again first
     # after the resume (none skipped), and no problem of the seeded prompt stream is trained twice
     redo = json.loads((Path(summary["resumed"]["checkpoint"]) / "controller.json").read_text())["prompts"]["redo"]
-    assert len(redo) == summary["resumed"]["discarded_groups"] > 0
+    # (usually some were: how many depends on where generation stood when the primary died)
+    assert len(redo) == summary["resumed"]["discarded_groups"]
     trained = [position for step in read_batches(run) for position in step.prompts]
     assert len(trained) == STEPS * 8 and len(set(trained)) == len(trained)
     assert set(redo) <= set(trained)
