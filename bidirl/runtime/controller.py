@@ -74,7 +74,7 @@ from bidirl.runtime.placement import mapping_table
 from bidirl.runtime.reporting import RunReport
 from bidirl.sched import events as ev
 from bidirl.sched.assembly import assemble
-from bidirl.sched.estimates import NO_ESTIMATES, Estimates, MeasuredEstimates
+from bidirl.sched.estimates import NO_ESTIMATES, Estimates, MeasuredEstimates, lease_timeout_s
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner, ResponseLengths
 from bidirl.sched.roles import Role
 from bidirl.sched.trace import median
@@ -320,7 +320,7 @@ class Controller:
 
     # ---- leases that expire mid-step -------------------------------------------------------------
     def lease_timeout_s(self) -> float:
-        return self.cfg.launch.lease_timeout_s or max(10.0, 10 * self.slowest_item_s)
+        return lease_timeout_s(self.cfg.launch.lease_timeout_s, self.slowest_item_s)
 
     def lease_wait(self) -> Optional[float]:
         """Seconds until the first borrowed device computing a micro-batch overruns its lease (None: none does)."""

@@ -107,6 +107,12 @@ def pulled_items(samples: int, micro_batch: int, devices: int) -> int:
     return max(1, min(samples, max(-(-samples // max(1, micro_batch)), 2 * devices)))
 
 
+def lease_timeout_s(given: float, slowest_item_s: float) -> float:
+    """How long a borrowed device may take over one micro-batch before its lease expires, in both drivers:
+    ``given`` (``launch.lease_timeout_s``), else 10 times the slowest micro-batch so far, at least 10 s."""
+    return given or max(10.0, 10 * slowest_item_s)
+
+
 def balanced_split(devices: int, estimates: Estimates, batch_groups: int) -> int:
     """Rollout devices x minimising max(R / x, T / (n - x)): StreamRL's / the planner's static balance."""
     rollout_work = estimates.generate_group_s * batch_groups

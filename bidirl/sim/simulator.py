@@ -46,7 +46,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple
 
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Chunk, Cluster
-from bidirl.sched.estimates import StepProgress, pulled_items
+from bidirl.sched.estimates import StepProgress, lease_timeout_s, pulled_items
 from bidirl.sched.roles import DeviceState, Role
 
 
@@ -389,9 +389,7 @@ class Simulator:
 
     @property
     def lease_timeout_s(self) -> float:
-        """The live controller's (``Controller.lease_timeout_s``): the given timeout, else 10 times the
-        slowest micro-batch so far, at least 10 s."""
-        return self.lease_timeout_given or max(10.0, 10 * self.slowest_item_s)
+        return lease_timeout_s(self.lease_timeout_given, self.slowest_item_s)  # (the live controller's rule)
 
     def feed_stream(self, now: float) -> None:
         """Groups that finished into the streamed step in progress become gradient work."""
