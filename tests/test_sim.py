@@ -217,6 +217,26 @@ def test_simulation_is_deterministic_for_a_seed():
     assert other.makespan_s != first.makespan_s
 
 
+def test_a_run_pauses_the_cyclic_garbage_collector_and_leaves_it_as_it_found_it(monkeypatch):
+    import gc
+
+    from bidirl.sched.policies import AsyncPolicy
+
+    seen = []
+    decide = AsyncPolicy.decide
+    monkeypatch.setattr(AsyncPolicy, "decide", lambda self, event, cluster: seen.append(gc.isenabled())
+                        or decide(self, event, cluster))
+    simulate(small(), "areal")
+    assert seen and not any(seen)  # off while the events run (a result never depends on it: it frees nothing)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(small(), "areal")
+        assert not gc.isenabled()  # a caller's choice stands
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("policy", policy_names())
 @pytest.mark.parametrize("workload,eta", [("gsm8k", 0), ("gsm8k", 1), ("reasoning", 1), ("math", 4)])
 def test_every_policy_trains_every_group_once_within_the_staleness_bound(policy, workload, eta):
