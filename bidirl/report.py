@@ -81,7 +81,8 @@ def run_section(run: Path, folder: str, title: str) -> List[str]:
              f"- **{summary['samples_per_s']} samples/s** over {summary.get('rl_seconds')} s of RL"]
     if summary.get("accuracy_start") is not None:
         lines.append(f"- held-out greedy accuracy **{number(summary['accuracy_start'], '.1%')} -> "
-                     f"{number(summary.get('accuracy_end'), '.1%')}**")
+                     f"{number(summary.get('accuracy_end'), '.1%')}**"
+                     + (f" on {summary['eval_problems']} held-out problems" if summary.get("eval_problems") else ""))
     switches = summary.get("switches", {})
     lines.append(f"- role switches: {switches.get('count', 0)}; leases: "
                  + (", ".join(f"{k} {v['leases']}" for k, v in summary.get("leases", {}).items()) or "none"))

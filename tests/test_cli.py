@@ -137,6 +137,16 @@ def test_a_report_writes_a_dash_for_a_figure_the_run_wrote_as_null_rather_than_f
     assert "| areal | None | None | - | 0.00 | 2.00 | - | - | 0 |" in report
 
 
+def test_a_report_says_how_many_held_out_problems_a_runs_accuracy_was_scored_on(tmp_path):
+    from bidirl.report import write_report
+
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["launch"]}))
+    (tmp_path / "launch").mkdir()  # (the launch stage's own summary)
+    (tmp_path / "launch" / "summary.json").write_text(json.dumps({
+        "samples_per_s": 1.5, "accuracy_start": 0.5, "accuracy_end": 0.75, "eval_problems": 605, "homes": []}))
+    assert "accuracy **50.0% -> 75.0%** on 605 held-out problems" in write_report(tmp_path).read_text()
+
+
 def test_a_simulate_stages_report_holds_its_table_and_charts(tmp_path):
     result = bidirl("run", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=3",
                     "train.prompts_per_step=16", "cluster.rollout_devices=2", "sim.policies=[areal,bidirl]",

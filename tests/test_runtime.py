@@ -381,6 +381,16 @@ def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_take
         assert row["time_s"] == pytest.approx(trained_at[row["step"]], abs=0.05)
 
 
+def test_the_summary_says_how_many_held_out_problems_each_accuracy_was_scored_on(async_run):
+    from bidirl.config import load_config
+    from bidirl.data import load_problems
+
+    held_out = load_problems(load_config(async_run / "config.yaml").data, "test")
+    evals = [r for r in read_jsonl(async_run / "metrics.jsonl") if "eval_accuracy" in r and "stage" not in r]
+    assert {r["eval_problems"] for r in evals} == {len(held_out)}
+    assert json.loads((async_run / "summary.json").read_text())["eval_problems"] == len(held_out)
+
+
 def test_live_summary_accounts_device_time_by_cause_in_the_simulators_categories(async_run):
     from bidirl.sched.trace import CATEGORIES
 

@@ -625,7 +625,7 @@ class Controller:
             return []
         say(f"evaluating {len(self.report.snapshots)} weight snapshots on device 0")
         reply = self.ask(0, msg.EvaluateSnapshots(tuple(self.report.snapshots)), msg.Evaluated)
-        return self.report.curve(reply.results)
+        return self.report.curve(reply.results, reply.problems)
 
     def estimates_summary(self) -> Dict[str, Any]:
         """The cost estimates the policy started from and those it ended with (what the run measured)."""

@@ -16,7 +16,9 @@ from bidirl.prompts import PromptBuilder
 
 
 def evaluate_snapshots(cfg: PipelineConfig, rollout: Any, train: Any,
-                       snapshots: Sequence[Tuple[int, str]]) -> List[Tuple[int, float]]:
+                       snapshots: Sequence[Tuple[int, str]]) -> Tuple[List[Tuple[int, float]], int]:
+    """(version, accuracy) of each snapshot, and how many held-out problems each was scored on (a task's
+    held-out split may hold fewer distinct problems than ``data.eval_size`` asks for)."""
     import torch
 
     problems = load_problems(cfg.data, "test")
@@ -26,4 +28,4 @@ def evaluate_snapshots(cfg: PipelineConfig, rollout: Any, train: Any,
     for version, path in snapshots:
         rollout.update_weights(torch.load(path, map_location="cpu", weights_only=True), version)
         results.append((version, engine_accuracy(rollout, problems, prompts, cfg.rollout.max_new_tokens).accuracy))
-    return results
+    return results, len(problems)

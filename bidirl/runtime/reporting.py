@@ -40,6 +40,7 @@ class RunReport:
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.checkpoints: List[Dict[str, Any]] = []  # sealed during this run (or since its resume)
         self.resumed: Dict[str, Any] = {}  # the checkpoint a resumed run continued from
+        self.eval_problems = 0  # held-out problems each snapshot was scored on
         self.before_s = 0.0  # RL seconds of the run before the checkpoint it resumed from
         self.t0 = time.perf_counter()
 
@@ -116,14 +117,16 @@ class RunReport:
         return {"reward": batch["reward_mean"], "stale": batch["staleness_mean"]}
 
     # ---- after training ------------------------------------------------------------------------
-    def curve(self, results: List[Tuple[int, float]]) -> List[Dict[str, Any]]:
+    def curve(self, results: List[Tuple[int, float]], problems: int) -> List[Dict[str, Any]]:
+        """The learning curve of the snapshots' held-out accuracies, each scored on ``problems`` problems."""
+        self.eval_problems = problems
         per_step = self.cfg.train.prompts_per_step * self.cfg.rollout.group_size
         curve = []
         for version, accuracy in results:
             seconds = self.version_seconds.get(version, 0.0)
             curve.append({"step": version, "samples": version * per_step, "accuracy": accuracy,
                           "minutes": round(seconds / 60, 2)})
-            self.run.log(version, time_s=round(seconds, 3), eval_accuracy=accuracy,
+            self.run.log(version, time_s=round(seconds, 3), eval_accuracy=accuracy, eval_problems=problems,
                          samples_consumed=version * per_step)
         return curve
 
@@ -166,6 +169,7 @@ class RunReport:
         if curve:
             summary["learning_curve"] = str(plot_learning_curves(path / "metrics.jsonl", path / "learning_curve.png"))
             summary["accuracy_start"], summary["accuracy_end"] = curve[0]["accuracy"], curve[-1]["accuracy"]
+            summary["eval_problems"] = self.eval_problems
         say(f"{policy}: {summary['samples_per_s']} samples/s over {summary['rl_seconds']} s, "
             f"idle {summary['idle_ratio']}, staleness {summary['staleness_histogram']}, "
             f"switches {switches.get('count', 0)} (median {switches.get('total_median_ms', 0)} ms)")

@@ -321,8 +321,8 @@ class Worker:
 
         self.die_if_told("BIDIRL_FAULT_KILL_IN_EVALUATION", self.cfg.train.steps)  # (after the last step)
         with self.doing(S.EVALUATING, f"{len(command.snapshots)} snapshots"):
-            results = evaluate_snapshots(self.cfg, self.rollout, self.train, command.snapshots)
-        return msg.Evaluated(results=results)
+            results, problems = evaluate_snapshots(self.cfg, self.rollout, self.train, command.snapshots)
+        return msg.Evaluated(results=results, problems=problems)
 
     def checkpoint(self, command: msg.SaveCheckpoint) -> msg.CheckpointSaved:
         from safetensors import SafetensorError
