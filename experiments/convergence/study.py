@@ -19,8 +19,8 @@ steps, hence the same number of samples:
 E in {0, 1, 2, 4}. Seeds are RL seeds (sampling, prompt order); every arm starts from the base model
 ``model.tiny.seed`` ``--base-seed`` (default 0) builds (the same one on one machine; another machine's CPU
 kernels may build another, so runs are grouped by the base model they started from). Held-out accuracy is greedy, on
-``data.eval_size=2000`` requested problems, of which the task's held-out split holds about 1,210 distinct
-ones (a standard error of about 1.3 points at these accuracies), every ``--eval-every`` steps and at the end.
+``data.eval_size=2000`` requested problems, of which the task's held-out split holds 605 distinct ones (a
+standard error of about 1.9 points at 65%), every ``--eval-every`` steps and at the end.
 
 Each finished run leaves ``results/steps<N>/<arm>-seed<S>.json`` (``-base<N>`` added for another base seed:
 its curve, staleness histogram, importance-weight statistics, throughput); a rerun skips those, so the
