@@ -165,7 +165,7 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
         raise RunFailed(f"launch: the runtime exited with code {code} (its output is above; its files: {out})")
     summary = json.loads((out / "summary.json").read_text())
     keep = ("policy", "devices", "homes", "eta", "steps", "samples_per_s", "idle_ratio", "switches", "leases",
-            "staleness_histogram", "accuracy_start", "accuracy_end", "gantt", "learning_curve")
+            "staleness_histogram", "accuracy_start", "accuracy_end", "eval_problems", "gantt", "learning_curve")
     state["summary"]["launch"] = {"dir": str(out), **{k: summary[k] for k in keep if k in summary}}
 
 

@@ -381,6 +381,19 @@ def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_take
         assert row["time_s"] == pytest.approx(trained_at[row["step"]], abs=0.05)
 
 
+def test_snapshots_are_scored_on_the_held_out_problems_the_task_has_not_on_those_asked_for(tmp_path):
+    from types import SimpleNamespace
+
+    from bidirl.config import load_config
+    from bidirl.runtime.evaluation import evaluate_snapshots
+
+    # two-term chains of one-digit operands: 242 questions in all, 28 of them in the held-out split
+    cfg = load_config("pipelines/cpu-tiny.yaml", ["data.task_config.max_terms=2", "data.eval_size=100",
+                                                  f"data.cache_dir={tmp_path}"])
+    results, problems = evaluate_snapshots(cfg, rollout=None, train=SimpleNamespace(tokenizer=None), snapshots=())
+    assert results == [] and problems == 28
+
+
 def test_the_summary_says_how_many_held_out_problems_each_accuracy_was_scored_on(async_run):
     from bidirl.config import load_config
     from bidirl.data import load_problems

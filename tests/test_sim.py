@@ -222,19 +222,20 @@ def test_a_run_pauses_the_cyclic_garbage_collector_and_leaves_it_as_it_found_it(
 
     from bidirl.sched.policies import AsyncPolicy
 
-    seen = []
+    seen, was = [], gc.isenabled()
     decide = AsyncPolicy.decide
     monkeypatch.setattr(AsyncPolicy, "decide", lambda self, event, cluster: seen.append(gc.isenabled())
                         or decide(self, event, cluster))
-    simulate(small(), "areal")
-    assert seen and not any(seen)  # off while the events run (a result never depends on it: it frees nothing)
-    assert gc.isenabled()
-    gc.disable()
     try:
+        gc.enable()
+        simulate(small(), "areal")
+        assert seen and not any(seen)  # off while the events run (a result never depends on it: it frees nothing)
+        assert gc.isenabled()
+        gc.disable()
         simulate(small(), "areal")
         assert not gc.isenabled()  # a caller's choice stands
     finally:
-        gc.enable()
+        (gc.enable if was else gc.disable)()  # (the rest of the session as it was, even if this failed)
 
 
 @pytest.mark.parametrize("policy", policy_names())

@@ -23,7 +23,9 @@ kernels may build another, so runs are grouped by the base model they started fr
 ``data.eval_size=2000`` requested problems, of which the task's held-out split holds 605 distinct ones (a
 standard error of about 1.9 points at 65%), every ``--eval-every`` steps and at the end. ``--task terms4``
 trains and evaluates on chains of up to 4 terms instead, whose held-out split holds 2,500 distinct problems
-and more (an error of at most 1 point); its results, report and figures are named ``steps<N>-terms4``.
+and more (an error of at most 1 point); its results, report and figures are named ``steps<N>-terms4``. Its
+base model is its own (the model cache is keyed by the task): its arms compare with each other, not with
+the default task's.
 
 Each finished run leaves ``results/steps<N>/<arm>-seed<S>.json`` (``-base<N>`` added for another base seed:
 its curve, staleness histogram, importance-weight statistics, throughput); a rerun skips those, so the
@@ -330,7 +332,8 @@ def main() -> None:
                         help="default: the CPU default's task (605 held-out problems); terms4: chains of up to 4 "
                              "terms, 2,500 held-out problems (a standard error of at most 1 point)")
     parser.add_argument("--report", action="store_true",
-                        help="only rebuild results-steps<N>.md and its figures (figures/curves-steps<N>-start<acc>.png)")
+                        help="only rebuild results-steps<N>[-<task>].md and its figures "
+                             "(figures/curves-steps<N>[-<task>]-start<acc>.png)")
     args = parser.parse_args()
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
