@@ -272,7 +272,7 @@ class TrainStateShared(Reply):
 @dataclass
 class Evaluated(Reply):
     results: List[Tuple[int, float]]  # (version, held-out accuracy)
-    problems: int = 0  # held-out problems each snapshot was scored on
+    problems: int  # held-out problems each snapshot was scored on
 
 
 @dataclass
