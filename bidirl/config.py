@@ -210,9 +210,11 @@ class SimConfig:
     rollout_efficiency: float = 2.14  # RL rollout vs serving-benchmark decode speed; fitted on case A
     mfu: float = 0.33
     with_reference: bool = False  # a KL reference model adds a 2N forward per token (analytic model)
-    # old/proximal log-probs recomputed by the trainer (+2N per token); the analytic model's (with sim.profile
-    # the measured live trainer's own time is used: it takes them from the forward it trains with)
-    recompute_logprob: bool = True
+    # old/proximal log-probs recomputed by the trainer (+2N per token), analytic model only: null = as the
+    # simulated policy's system does (bidirl.sched.policy.Policy.recomputes_logprob: veRL, AReaL, ROLL,
+    # StreamRL yes; bidirl's own trainer and veRL fully-async no), true / false = every policy. (With
+    # sim.profile the measured live trainer's own time is used: it takes them from the forward it trains with.)
+    recompute_logprob: Optional[bool] = None
     gantt: bool = True
     # a profile.json from `bidirl profile`: simulate with the model fitted to it (your own devices)
     # instead of the analytic model of `hardware`/`model`; its workload replaces `workload` if it has one

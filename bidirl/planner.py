@@ -194,7 +194,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     if devices > REPLICA:
         return _plan_on_replica(cfg, policy, legal, start, workload, horizon, driver)
     k = cfg.cluster.instance_devices
-    est = model_estimates(cfg, workload=workload)  # of one unit (a device, or an instance of k)
+    est = model_estimates(cfg, workload=workload, policy=policy)  # of one unit (a device, or an instance of k)
     balance = k * balanced_split(devices // k, est, cfg.train.prompts_per_step)  # preflight: 2 units or more
     scored: Dict[int, Candidate] = {}
 

@@ -176,6 +176,26 @@ def test_every_policy_that_switches_pays_the_same_switch_the_performance_model_g
     assert expected == pytest.approx(0.6, abs=0.01) and bigger > 2 * expected  # more bytes to release and reload
 
 
+def test_a_simulated_trainer_is_charged_the_log_prob_recompute_its_system_runs():
+    from bidirl.sim.run import perf_model
+
+    charged = {p: perf_model(small(), p).recompute_logprob
+               for p in ("verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async", "async-lend",
+                         "bidirl", "bidirl-none")}
+    assert charged == {"verl": True, "areal": True, "roll": True, "streamrl": True, "verl-dynamic": True,
+                       "verl-async": False, "async-lend": False, "bidirl": False, "bidirl-none": False}
+    assert perf_model(small("sim.recompute_logprob=true"), "bidirl").recompute_logprob  # a setting rules all
+    assert not perf_model(small("sim.recompute_logprob=false"), "areal").recompute_logprob
+    # and the run is timed so: bidirl as if told not to recompute, areal as if told to
+    for policy, same_as in (("bidirl", "false"), ("areal", "true")):
+        own = simulate(small("algorithm.staleness=1"), policy)
+        told = simulate(small("algorithm.staleness=1", f"sim.recompute_logprob={same_as}"), policy).samples_per_s
+        other = simulate(small("algorithm.staleness=1",
+                               f"sim.recompute_logprob={'true' if same_as == 'false' else 'false'}"), policy)
+        assert own.samples_per_s == told and other.samples_per_s != told, policy
+        assert own.row()["recomputed_logprob"] is (same_as == "true")  # and the results say which it was
+
+
 def test_the_bound_is_the_same_for_every_policy_and_no_policy_beats_it():
     results = [simulate(small("algorithm.staleness=0"), p) for p in ("verl", "areal", "roll", "bidirl")]
     assert len({r.bound_step_s for r in results}) == 1

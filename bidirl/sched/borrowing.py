@@ -162,6 +162,7 @@ class BidirlPolicy(VerlDynamicPolicy):
     streams_gradients = True  # a step starts on the groups already done (Cluster.stream_plan)
     rollout_on_train = True  # idle trainers generate (Rollout-on-TrainPool)
     train_on_rollout = True  # blocked rollout devices compute gradients (Trainer-on-RollPool)
+    recomputes_logprob = False  # one optimizer step per batch: proximal log-probs from the training forward
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

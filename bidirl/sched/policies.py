@@ -191,10 +191,12 @@ class VerlAsyncPolicy(AsyncPolicy):
     name = "verl-async"  # veRL fully-async: streamed, count-only staleness, partial rollout
     style = "veRL fully-async style: streamed, count-only staleness, partial rollout"
     deadlines = False
+    recomputes_logprob = False  # the recipe takes old log-probs from the rollout
 
 
 class AsyncLendPolicy(AsyncPolicy):
     name = "async-lend"
+    recomputes_logprob = False  # bidirl's own trainer: no baseline's
 
     def before_training(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         for d in cluster.devices:  # the lease ends with the step; the device loads new weights at home

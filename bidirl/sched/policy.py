@@ -36,6 +36,11 @@ class Policy:
     # start a step's gradient work on the groups already done while those it must wait for generate (bidirl)
     streams_gradients: ClassVar[bool] = False
     migrates: ClassVar[bool] = False  # moves requests in flight (Migrate), where the driver can
+    # the trainer of the system this policy stands for recomputes old/proximal log-probs in a forward pass
+    # of its own (+2N FLOPs per token; what a simulation charges unless sim.recompute_logprob says):
+    # veRL and AReaL do (several updates per batch); bidirl's own trainer does not (one optimizer step per
+    # batch: the proximal log-probs come from the forward it trains with), nor does veRL's fully-async recipe
+    recomputes_logprob: ClassVar[bool] = True
     # a baseline's honest label in comparisons: the published system whose scheduling it reproduces on
     # bidirl's runtime (not inherited, see style_of: bidirl, its ablations and async-lend have none)
     style: ClassVar[str] = ""

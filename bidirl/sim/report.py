@@ -80,6 +80,11 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
     out.print("pool %: busy / tail / admission / switching / draining / syncing / no reason "
               "(device-time; bound = policy-independent lower bound on the step)")
     out.print(table)
+    charged = [r.policy for r in results if r.recomputed_logprob]
+    if charged:  # (the analytic model: each trainer as its system runs it, unless sim.recompute_logprob says)
+        spared = [r.policy for r in results if not r.recomputed_logprob]
+        out.print(f"old/proximal log-prob recompute (+2N FLOPs per token) charged to: {', '.join(charged)}"
+                  f"{'; not to: ' + ', '.join(spared) if spared else ''} (sim.recompute_logprob)")
 
 
 def breakdown_cell(parts) -> str:

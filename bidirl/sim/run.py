@@ -19,6 +19,7 @@ from bidirl.perf.workload import Workload, preset
 from bidirl.sched.assembly import DriverCapabilities, RunShape, assemble
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
+from bidirl.sched.policy import POLICIES
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 from bidirl.sched.trace import charge_stream_wait, pool_idle_ratio, steady_step_s, time_breakdown
 from bidirl.sim.costs import CalibratedCosts, DrawnGroups, estimates, make_instance, step_bound
@@ -46,6 +47,7 @@ class SimResult:
     steady_step_s: float = 0.0  # mean step after the first few (sched.trace.steady_step_s)
     instance_devices: int = 1  # devices per rollout instance / train group
     migrated_groups: int = 0  # prompt groups moved in flight to another device (Migrate)
+    recomputed_logprob: bool = False  # its trainer was charged an old/proximal log-prob forward (recomputes_logprob)
 
     @property
     def split(self) -> str:
@@ -65,12 +67,23 @@ class SimResult:
                 "efficiency": round(self.efficiency, 3), "idle_ratio": self.idle_ratio,
                 "time_breakdown": self.time_breakdown,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches,
-                "leases": self.leases,
+                "leases": self.leases, "recomputed_logprob": self.recomputed_logprob,
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
-def perf_model(cfg: PipelineConfig) -> PerformanceModel:
-    """The fitted model of ``sim.profile`` if one is given, else the analytic model of the declared hardware."""
+def recomputes_logprob(cfg: PipelineConfig, policy: Optional[str] = None) -> bool:
+    """Whether the analytic model charges ``policy``'s trainer (default ``launch.mode``) a forward pass that
+    recomputes old/proximal log-probs: ``sim.recompute_logprob`` if set, else what that policy's system does
+    (:attr:`~bidirl.sched.policy.Policy.recomputes_logprob`). A simulated policy costs what the system it
+    stands for runs: bidirl's own trainer takes them from the forward it trains with, veRL's and AReaL's
+    recompute them."""
+    forced = cfg.sim.recompute_logprob
+    return forced if forced is not None else POLICIES[policy or cfg.launch.mode].recomputes_logprob
+
+
+def perf_model(cfg: PipelineConfig, policy: Optional[str] = None) -> PerformanceModel:
+    """The fitted model of ``sim.profile`` if one is given, else the analytic model of the declared hardware
+    as it times ``policy``'s trainer (default ``launch.mode``; see :func:`recomputes_logprob`)."""
     sim = cfg.sim
     if sim.profile:
         from bidirl.perf.fitted import load_profile
@@ -83,7 +96,8 @@ def perf_model(cfg: PipelineConfig) -> PerformanceModel:
 
         spec = model_spec_of(cfg, sim.model)
     return PerfModel(HARDWARE[sim.hardware], spec, mfu=sim.mfu, rollout_efficiency=sim.rollout_efficiency,
-                     with_reference=sim.with_reference, recompute_logprob=sim.recompute_logprob, load_s=sim.load_s)
+                     with_reference=sim.with_reference, recompute_logprob=recomputes_logprob(cfg, policy),
+                     load_s=sim.load_s)
 
 
 def instance_size(cfg: PipelineConfig) -> int:
@@ -94,10 +108,10 @@ def instance_size(cfg: PipelineConfig) -> int:
     return cfg.cluster.instance_devices
 
 
-def unit_model(cfg: PipelineConfig) -> PerformanceModel:
+def unit_model(cfg: PipelineConfig, policy: Optional[str] = None) -> PerformanceModel:
     """The performance model of one scheduling unit: a device, or an instance of ``cluster.instance_devices``."""
     k = instance_size(cfg)
-    return perf_model(cfg) if k == 1 else InstanceModel(perf_model(cfg), k)
+    return perf_model(cfg, policy) if k == 1 else InstanceModel(perf_model(cfg, policy), k)
 
 
 def unit_shape(cfg: PipelineConfig) -> RunShape:
@@ -120,11 +134,11 @@ def sim_workload(cfg: PipelineConfig) -> Workload:
 
 
 def model_estimates(cfg: PipelineConfig, perf: Optional[PerformanceModel] = None,
-                    workload: Optional[Workload] = None) -> Estimates:
+                    workload: Optional[Workload] = None, policy: Optional[str] = None) -> Estimates:
     """What the cost-aware policies believe work costs, from the performance model of ``cfg`` (its
-    profile or its analytic hardware) on its workload: what the simulator's policies decide with, and
-    a live run's starting point before it has measured anything."""
-    perf, workload = perf or unit_model(cfg), workload or sim_workload(cfg)
+    profile or its analytic hardware, as it times ``policy``'s trainer) on its workload: what the
+    simulator's policies decide with, and a live run's starting point before it has measured anything."""
+    perf, workload = perf or unit_model(cfg, policy), workload or sim_workload(cfg)
     shape = unit_shape(cfg)
     return estimates(perf, workload, cfg.rollout.group_size, shape.batch_groups, shape.devices,
                      cfg.sim.switch_s or perf.switch_seconds(), shape.chunk_groups)
@@ -146,7 +160,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     start = time.perf_counter()
     k = instance_size(cfg)
     own_workload = workload is None  # (the bound is of the configured workload: it may reuse our draws)
-    perf, workload = unit_model(cfg), workload or sim_workload(cfg)
+    perf, workload = unit_model(cfg, policy_name), workload or sim_workload(cfg)
     shape = unit_shape(cfg)
     if eta is not None:
         shape = dataclasses.replace(shape, staleness=eta)
@@ -183,7 +197,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      costs.switches * k, in_devices(cluster.lease_summary(), k), time.perf_counter() - start,
                      cluster if keep_trace else None,
                      steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
-                     sum(groups for _, _, _, groups, _ in cluster.migrations))
+                     sum(groups for _, _, _, groups, _ in cluster.migrations),
+                     not cfg.sim.profile and recomputes_logprob(cfg, policy_name))
 
 
 def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[str, float]]:
@@ -195,11 +210,19 @@ def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[st
 _BOUNDS: Dict[tuple, float] = {}
 
 
+def without_recompute(perf: PerformanceModel) -> PerformanceModel:
+    """``perf`` with no log-prob recompute charged: the bound never charges it (costs.step_bound), so
+    policies whose trainers differ only there share one bound."""
+    if isinstance(perf, InstanceModel):
+        return InstanceModel(without_recompute(perf.perf), perf.k)
+    return dataclasses.replace(perf, recompute_logprob=False) if isinstance(perf, PerfModel) else perf
+
+
 def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float, drawn: Optional[DrawnGroups] = None) -> float:
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
     comparison shares it). ``drawn``: groups a simulation of ``cfg`` drew already (read, not redrawn)."""
     units = cfg.cluster.devices // instance_size(cfg)
-    key = (repr(perf), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step,
+    key = (repr(without_recompute(perf)), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step,
            cfg.train.steps, units, cfg.seed, eta)
     if key not in _BOUNDS:
         _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,

@@ -33,7 +33,7 @@ WORKLOADS = {"gsm8k": ["train.prompts_per_step=512", "rollout.group_size=8"],
              "math": ["train.prompts_per_step=256", "rollout.group_size=8"],
              "reasoning": ["train.prompts_per_step=128", "rollout.group_size=8"]}
 POLICIES = ["areal", "roll", "streamrl", "verl-dynamic", "verl-async", "bidirl"]
-PUBLISHED = {"verl-async": ["sim.recompute_logprob=false", "algorithm.updates_per_sync=4"]}
+PUBLISHED = {"verl-async": ["algorithm.updates_per_sync=4"]}  # (no recompute: the policy's own)
 DEVICES, STEPS, SEEDS = 32, 60, (0, 1, 2)
 
 

@@ -12,14 +12,16 @@ For each (workload, eta) row:
   3. bidirl's ratio to the best baseline (highest mean) is given as mean [min-max] over the 9
      (seed, chunk) pairs, each pair's ratio taken on the same workload draw.
 Colocated ``verl`` has no split. ``verl-async`` runs as published (veRL's fully-async recipe: no
-log-prob recompute, 4 streamed updates per sync, count-only staleness = the row's eta).
+log-prob recompute, 4 streamed updates per sync, count-only staleness = the row's eta). Every policy's
+trainer is charged the old/proximal log-prob recompute as its system runs it
+(``Policy.recomputes_logprob``): veRL, AReaL, ROLL, StreamRL and veRL dynamic scheduling yes; bidirl's
+own trainer (one optimizer step per batch: the proximal log-probs come from the forward it trains with)
+and veRL fully-async no.
 Efficiency is against the policy-independent bound (``bidirl.sim.costs.step_bound``); the detail
 table gives every policy's device-time by cause per pool. Nothing here is tuned toward a ratio.
 
 ``--no-recompute`` instead runs the gsm8k and math rows at eta 0 and 1 with no policy charged the
-old log-prob recompute (bidirl's own trainer skips it too: one optimizer step per batch, so the
-proximal log-probs come from the forward it trains with; the main table charges it to everyone but
-the published verl-async).
+old log-prob recompute (as if every baseline's trainer skipped it as bidirl's does).
 
 ``--rows gsm8k:2,gsm8k:4`` runs only those (workload, eta) rows.
 
@@ -50,7 +52,7 @@ WORKLOADS = {"gsm8k": ["train.prompts_per_step=512", "rollout.group_size=8"],
 BASELINES = ["verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async"]
 POLICIES = BASELINES + ["bidirl"]
 SPLIT_FREE = {"verl"}
-PUBLISHED = {"verl-async": ["sim.recompute_logprob=false", "algorithm.updates_per_sync=4"]}
+PUBLISHED = {"verl-async": ["algorithm.updates_per_sync=4"]}  # (no recompute: the policy's own)
 SEEDS, CHUNKS, SEARCH_CHUNK = (0, 1, 2), (4, 8, 16), 8
 DEVICES = 32
 

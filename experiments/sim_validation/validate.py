@@ -47,7 +47,7 @@ CASE_B = ["cluster.devices=32", "sim.hardware=H20", "sim.workload=dapo-28k", "tr
           "rollout.group_size=16", "train.steps=20", "launch.chunk_groups=8"]
 # the published fully-async run: staleness_threshold 0.5, partial rollout, trigger_parameter_sync_step 4
 # (4 streamed updates per sync), old log-probs taken from the rollout (no recompute); colocated recomputes
-FULLY_ASYNC = ["sim.recompute_logprob=false", "algorithm.staleness=0.5", "algorithm.updates_per_sync=4"]
+FULLY_ASYNC = ["algorithm.staleness=0.5", "algorithm.updates_per_sync=4"]  # (no recompute: verl-async's own)
 
 
 def case_b() -> List[str]:
@@ -83,7 +83,8 @@ def case_c() -> List[str]:
     for eta in (0, 1, 2, 4):
         configs = [load_config("pipelines/sim-32gpu.yaml", [
             "cluster.devices=16", "sim.workload=math", "train.prompts_per_step=60", "rollout.group_size=8",
-            "train.steps=30", f"algorithm.staleness={eta}", "launch.chunk_groups=4", f"seed={seed}"])
+            "train.steps=30", f"algorithm.staleness={eta}", "launch.chunk_groups=4", f"seed={seed}",
+            "sim.recompute_logprob=true"])  # the RFC's implementation trains with veRL's trainer, which recomputes
             for seed in range(3)]  # mean of three workload draws
         r = {p: statistics.mean(simulate(cfg, p, rollout_devices=4).samples_per_s for cfg in configs)
              for p in ("bidirl-none", "bidirl-rot", "bidirl-tor", "bidirl")}
