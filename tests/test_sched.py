@@ -374,6 +374,58 @@ def test_measured_estimates_start_from_a_prior_and_each_first_measurement_replac
     assert measured.current().generate_group_s == 0.75
 
 
+def test_a_devices_first_chunk_is_timed_as_its_engines_warm_up_not_as_generation():
+    from bidirl.sched.estimates import MeasuredEstimates
+
+    measured = MeasuredEstimates(weight=0.5)
+    measured.chunk(seconds=2.2, groups=4, first=True)  # a fresh engine's first chunk
+    assert measured.current().rollout_warmup_s == 2.2 and measured.current().chunk_s == 0.0  # all of it, so far
+    measured.chunk(seconds=0.2, groups=4)
+    now = measured.current()
+    assert (now.chunk_s, now.generate_group_s) == (0.2, 0.05)  # generation as it runs once warm
+    assert now.rollout_warmup_s == pytest.approx(2.0)  # the first chunk beyond a warm one
+
+
+@pytest.mark.parametrize("rollout_warmup_s,lent", [(0.0, True), (2.0, False)])
+def test_an_idle_trainer_is_lent_to_rollout_only_if_the_wait_it_saves_beats_its_engines_warm_up(rollout_warmup_s,
+                                                                                                  lent):
+    from bidirl.sched.estimates import Estimates
+
+    # the rollout device has finished its first chunk (warm) and has 3 more to go, 0.4 s each; the trainer's
+    # engine has never generated: lent, it would first warm up
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=16, eta=0, steps=2, chunk_groups=4)
+    cluster.apply(ev.Generate(0, 4))
+    cluster.complete(ev.ChunkDone(0, chunk=0, groups=4))
+    cluster.apply(ev.Generate(0, 4))
+    est = Estimates(generate_group_s=0.1, train_batch_s=1.6, switch_s=0.0, chunk_s=0.4,
+                    rollout_warmup_s=rollout_warmup_s)
+    actions = []
+    build_policy("verl-dynamic", est, 16).lend_idle_trainers(cluster, actions)
+    assert actions == ([ev.Switch(1, Role.ROLLOUT, "trainer idle: lent to rollout")] if lent else [])
+
+
+def test_a_cold_rollout_pool_counts_its_own_warm_up_in_the_wait_a_lent_trainer_would_shorten():
+    from bidirl.sched.estimates import Estimates
+
+    cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=16, eta=0, steps=2, chunk_groups=4)
+    cluster.apply(ev.Generate(0, 4))  # nothing finished yet: both engines are cold
+    est = Estimates(generate_group_s=0.1, train_batch_s=1.6, switch_s=0.0, chunk_s=0.4, rollout_warmup_s=2.0)
+    actions = []  # the pool's wait: 2 s + 12 groups x 0.1 s; the lease: 2 s + 0.4 s
+    build_policy("verl-dynamic", est, 16).lend_idle_trainers(cluster, actions)
+    assert actions == [ev.Switch(1, Role.ROLLOUT, "trainer idle: lent to rollout")]  # both warm up side by side
+
+
+def test_bidirl_lends_a_rollout_device_with_nothing_left_to_generate_to_the_runs_last_steps():
+    from bidirl.sched.estimates import Estimates
+
+    policy = build_policy("bidirl", Estimates(generate_group_s=0.05, train_batch_s=1.6, switch_s=0.0, chunk_s=0.2), 8)
+    cluster = Cluster(policy.homes(2, 1), batch_groups=8, eta=1, steps=6, chunk_groups=4)
+    Simulator(cluster, policy, FixedCosts(generate_per_group=0.05, train_step=1.6)).run()
+    last = [r for r in cluster.trace if r["reason"] == "every group admitted: lent to training"]
+    assert last and all(r["device"] == 0 for r in last)
+    assert any(r["reason"] == f"joins batch {cluster.steps - 1}" and r["device"] == 0 for r in cluster.trace)
+
+
 def test_a_lent_devices_gradient_return_is_measured_per_device_and_only_on_steps_that_had_one():
     from bidirl.sched.estimates import Estimates, MeasuredEstimates
 

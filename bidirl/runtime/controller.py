@@ -127,6 +127,7 @@ class Controller:
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
         self.measured = MeasuredEstimates(prior=self.prior or NO_ESTIMATES)
+        self.generated_on: set = set()  # devices that have returned a chunk (their first one holds the warm-up)
         self.trained_lengths = ResponseLengths()  # what the re-planner reads
         self.replanner: Replanner = NO_REPLANNING
         if cfg.cluster.replan_every:
@@ -258,8 +259,10 @@ class Controller:
         if samples:  # (none: every group it held went elsewhere, which the bookkeeping knows)
             kept = [s for i in sorted(samples) for s in samples[i]]
             events.insert(0, self.groups_done(reply.device, reply.chunk, kept, reply.seconds))
-            if reply.chunk not in self.split_chunks:
-                self.measured.chunk(reply.seconds, len(samples))  # (a chunk split between devices times neither)
+            first = reply.device not in self.generated_on
+            self.generated_on.add(reply.device)
+            if reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
+                self.measured.chunk(reply.seconds, len(samples), first)
         return events
 
     def groups_done(self, device: int, chunk: int, samples: List[Any], seconds: float) -> ev.ChunkDone:

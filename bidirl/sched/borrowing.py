@@ -38,7 +38,7 @@ from typing import List
 from bidirl.sched import events as ev
 from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import StepProgress, balanced_split
-from bidirl.sched.policies import AsyncPolicy, admission_blocked, fill_rollout, issue
+from bidirl.sched.policies import AsyncPolicy, admission_blocked, all_admitted, fill_rollout, issue
 from bidirl.sched.roles import Device, DeviceState, Role
 
 
@@ -85,12 +85,19 @@ class VerlDynamicPolicy(AsyncPolicy):
         open_groups = self.next_batch_open(cluster)
         if not open_groups or not cluster.idle_sets[Role.TRAIN]:
             return
-        generating = max(1, len(cluster.serving_role(Role.ROLLOUT)))
-        expected_wait = open_groups * self.estimates.generate_group_s / generating
-        if expected_wait <= 2 * self.estimates.switch_s + self.estimates.lease_s(cluster.chunk_groups):
+        est = self.estimates
+        serving = cluster.serving_role(Role.ROLLOUT)
+        # an engine's first chunk of the run takes its warm-up too (est.rollout_warmup_s): the pool's, if
+        # none of its devices has finished one yet, and a lent trainer's, before its lease does any good
+        warming = est.rollout_warmup_s if serving.isdisjoint(cluster.warmed) else 0.0
+        expected_wait = warming + open_groups * est.generate_group_s / max(1, len(serving))
+        lease = 2 * est.switch_s + est.lease_s(cluster.chunk_groups)
+        if expected_wait <= lease:
             return
         for d in cluster.idle(Role.TRAIN):
-            if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version:
+            cold = est.rollout_warmup_s if d.index not in cluster.warmed else 0.0
+            if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version \
+                    and expected_wait > lease + cold:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent to rollout"))
 
     # ---- in-flight migration ------------------------------------------------------------------------
@@ -345,16 +352,19 @@ class BidirlPolicy(VerlDynamicPolicy):
                 return
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """Lend every rollout device that admission blocks, while a step runs (if the driver lets devices
-        join it) or its batch is ready."""
+        """Lend every rollout device that has nothing to start -- admission blocks it, or (the run's last
+        steps) every group is admitted -- while a step runs (if the driver lets devices join it) or its
+        batch is ready."""
         if not (cluster.accepting_joins or self.step_can_start(cluster)) or not cluster.idle_sets[Role.ROLLOUT]:
             return
+        done = all_admitted(cluster)
         blocked = [d for d in cluster.idle(Role.ROLLOUT)
                    if d.home is Role.ROLLOUT and not d.after_work and d.version == cluster.version
-                   and admission_blocked(cluster, d)]
+                   and (done or admission_blocked(cluster, d))]
         if blocked and self.pays(cluster, len(blocked)):
+            why = "every group admitted" if done else "admission blocked"
             for d in blocked:
-                issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, "admission blocked: lent to training"))
+                issue(cluster, actions, ev.Switch(d.index, Role.TRAIN, f"{why}: lent to training"))
 
 
 # ablations: the bidirl partition with no borrowing, or one direction only

@@ -153,6 +153,7 @@ class Cluster:
         self.batch_parts: Dict[int, List[Tuple[int, int]]] = {}  # batch -> [(chunk, groups)]
         self.inflight: Dict[int, int] = {d.index: 0 for d in self.devices}  # groups in flight per device
         self.inflight_by_version: Dict[int, Counter] = {d.index: Counter() for d in self.devices}
+        self.warmed: set = set()  # devices whose rollout engine finished work this run (paid its warm-up)
         self.training: Optional[ev.Train] = None
         self.training_devices: List[int] = []  # the step's devices, including any that joined it
         self.trace: List[dict] = []
@@ -593,6 +594,7 @@ class Cluster:
             self.completed_groups += groups - into_step
             self.completed_by_version[chunk.version] += groups - into_step
         self.inflight[event.device] -= groups
+        self.warmed.add(event.device)
         by_version = self.inflight_by_version[event.device]
         by_version[chunk.version] -= groups
         if not by_version[chunk.version]:

@@ -32,6 +32,9 @@ class Estimates:
     # zero where unknown (then no policy merges awaited groups into a bigger decode batch)
     decode_step_s: float = 0.0
     decode_group_s: float = 0.0
+    # what a device's first chunk of the run takes beyond a chunk's time: its fresh engine's warm-up, which
+    # a trainer lent to rollout for the first time pays before its lease does any good
+    rollout_warmup_s: float = 0.0
 
     def lease_s(self, chunk_groups: int) -> float:
         return self.chunk_s or self.generate_group_s * chunk_groups
@@ -67,19 +70,26 @@ class MeasuredEstimates:
     averaged in with ``weight``."""
 
     NAMES = ("generate_group_s", "train_batch_s", "switch_s", "grad_transfer_s", "chunk_s", "decode_step_s",
-             "decode_group_s")  # (the decode line is never measured live: it stays the prior's)
+             "decode_group_s", "rollout_warmup_s")  # (the decode line is never measured live: it stays the prior's)
 
     def __init__(self, weight: float = 0.3, prior: Estimates = NO_ESTIMATES):
         self.weight, self.prior = weight, prior
         self.values = {name: getattr(prior, name) for name in self.NAMES}
         self.seen: set = set()  # figures measured at least once
+        self.first_chunks_s: list = []  # each device's first chunk of the run (with its engine's warm-up)
 
     def _observe(self, name: str, value: float) -> None:
         old = self.values[name]
         self.values[name] = (1 - self.weight) * old + self.weight * value if name in self.seen else value
         self.seen.add(name)
 
-    def chunk(self, seconds: float, groups: int) -> None:
+    def chunk(self, seconds: float, groups: int, first: bool = False) -> None:
+        """A chunk of ``groups`` took ``seconds``. ``first``: the device's first of the run, which includes its
+        engine's warm-up (2 s beside 0.13 s per chunk after it, live on this machine's CPU): it is timed
+        apart, as the warm-up, instead of making generation look 15 times dearer than it is."""
+        if first:
+            self.first_chunks_s.append(seconds)
+            return
         self._observe("generate_group_s", seconds / groups)
         self._observe("chunk_s", seconds)
 
@@ -97,7 +107,11 @@ class MeasuredEstimates:
         self._observe("switch_s", seconds)
 
     def current(self) -> Estimates:
-        return Estimates(**self.values)
+        values = dict(self.values)
+        if self.first_chunks_s:  # the warm-up: a first chunk beyond a later one (all of it, until one is timed)
+            first = sum(self.first_chunks_s) / len(self.first_chunks_s)
+            values["rollout_warmup_s"] = max(0.0, first - values["chunk_s"]) if "chunk_s" in self.seen else first
+        return Estimates(**values)
 
 
 def pulled_items(samples: int, micro_batch: int, devices: int) -> int:

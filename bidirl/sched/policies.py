@@ -88,6 +88,11 @@ def admission_blocked(cluster: Cluster, device) -> bool:
     return cluster.admissible(device) <= 0 and cluster.admitted < cluster.steps * cluster.B
 
 
+def all_admitted(cluster: Cluster) -> bool:
+    """Every group of the run has been admitted: a rollout device has nothing left to start."""
+    return cluster.admitted >= cluster.steps * cluster.B
+
+
 def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event) -> None:
     """Publish a new version once trained; every device loads the newest published version.
 

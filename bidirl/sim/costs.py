@@ -228,7 +228,7 @@ def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups
     chunk_s = sum(_run_alone(costs, share + i * chunk_groups, chunk_groups) for i in range(5)) / 5
     step_s, per_sequence = perf.decode_line(workload.prompt_tokens + workload.cap)  # a tail nears the cap
     return Estimates(shared / share, train, switch_s, perf.gradient_return_seconds(1), chunk_s,
-                     step_s, per_sequence * group_size)
+                     step_s, per_sequence * group_size, perf.warmup_seconds("rollout"))
 
 
 def _run_alone(costs: CalibratedCosts, first: int, groups: int) -> float:

@@ -222,8 +222,8 @@ def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float, drawn: O
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
     comparison shares it). ``drawn``: groups a simulation of ``cfg`` drew already (read, not redrawn)."""
     units = cfg.cluster.devices // instance_size(cfg)
-    key = (repr(without_recompute(perf)), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size, cfg.train.prompts_per_step,
-           cfg.train.steps, units, cfg.seed, eta)
+    key = (repr(without_recompute(perf)), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size,
+           cfg.train.prompts_per_step, cfg.train.steps, units, cfg.seed, eta)
     if key not in _BOUNDS:
         _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,
                                   cfg.train.steps, units, cfg.seed, eta, drawn)
