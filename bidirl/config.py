@@ -211,9 +211,11 @@ class SimConfig:
     mfu: float = 0.33
     with_reference: bool = False  # a KL reference model adds a 2N forward per token (analytic model)
     # old/proximal log-probs recomputed by the trainer (+2N per token), analytic model only: null = as the
-    # simulated policy's system does (bidirl.sched.policy.Policy.recomputes_logprob: veRL, AReaL, ROLL,
-    # StreamRL yes; bidirl's own trainer and veRL fully-async no), true / false = every policy. (With
-    # sim.profile the measured live trainer's own time is used: it takes them from the forward it trains with.)
+    # simulated policy's system does (bidirl.sched.policy.Policy.recomputes_logprob: veRL, veRL dynamic,
+    # AReaL, ROLL, StreamRL yes; bidirl's own trainer, async-lend and veRL fully-async no), true / false =
+    # every policy. Whatever predicts a live run (the planner for `bidirl launch`, the live prior) times the
+    # live trainer, every policy's (null = false there). (With sim.profile the measured live trainer's own
+    # time is used: it takes them from the forward it trains with.)
     recompute_logprob: Optional[bool] = None
     gantt: bool = True
     # a profile.json from `bidirl profile`: simulate with the model fitted to it (your own devices)
@@ -405,6 +407,9 @@ def _field_type(dotted_key: str) -> str:
             hint = typing.get_type_hints(hint)[part]
         except (TypeError, KeyError):
             return "a valid value"
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union and type(None) in args:  # Optional[X]: X, or null
+        return " or ".join([*(getattr(a, "__name__", str(a)) for a in args if a is not type(None)), "null"])
     return getattr(hint, "__name__", str(hint).replace("typing.", ""))
 
 

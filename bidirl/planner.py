@@ -62,7 +62,7 @@ from bidirl.perf.workload import Workload
 from bidirl.sched.assembly import DriverCapabilities
 from bidirl.sched.estimates import Estimates, balanced_split
 from bidirl.sched.policy import POLICIES
-from bidirl.sim.run import model_estimates, perf_model, sim_workload, simulate
+from bidirl.sim.run import model_estimates, on_live_trainer, perf_model, sim_workload, simulate
 
 SCHEMA = "bidirl.plan/1"
 TIE = 0.005  # splits within 0.5% of the best score are equally good
@@ -178,6 +178,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     if not cfg.cluster.instance_devices:
         return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     start = time.perf_counter()
+    cfg = on_live_trainer(cfg) if driver is not None else cfg  # (a live run's trainer, whatever the policy)
     policy = policy or cfg.launch.mode
     legal = preflight(cfg, policy, check_memory)
     if splits is not None:
@@ -479,7 +480,7 @@ def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
     (no analytic model describes it), so such a run lends nothing until it has measured a chunk and a step."""
     if not cfg.sim.profile and cfg.cluster.device_type == "cpu":
         return None, "none (no sim.profile): measured as the run goes"
-    return model_estimates(cfg), describe_model(cfg)
+    return model_estimates(on_live_trainer(cfg)), describe_model(cfg)
 
 
 def planned_configs(cfg: PipelineConfig, policies: List[str]) -> Dict[str, PipelineConfig]:

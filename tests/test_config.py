@@ -112,3 +112,11 @@ def test_a_negative_lease_timeout_is_one_clear_error():
 
     with pytest.raises(ConfigError, match="launch.lease_timeout_s"):
         load_config(None, ["launch.lease_timeout_s=-1"])
+
+
+def test_the_log_prob_recompute_charge_is_each_policys_own_unless_set_true_or_false():
+    assert load_config(None, []).sim.recompute_logprob is None  # (null: as each policy's system trains)
+    assert load_config(None, ["sim.recompute_logprob=false"]).sim.recompute_logprob is False
+    assert load_config(None, ["sim.recompute_logprob=null"]).sim.recompute_logprob is None
+    with pytest.raises(ConfigError, match=r"key 'sim.recompute_logprob' expects bool or null, got 'maybe'"):
+        load_config(None, ["sim.recompute_logprob=maybe"])

@@ -774,3 +774,17 @@ def test_lengths_measured_after_the_cap_give_back_the_mean_before_it(workload):
     assert shape.uncapped_mean(measured) == pytest.approx(shape.mean_tokens, rel=0.03)
     if workload == "math-drift":  # (its 4k cap cuts 3.2k-mean lengths by about a fifth)
         assert measured < 0.85 * shape.mean_tokens
+
+
+def test_whatever_predicts_a_live_run_times_the_live_trainer_whatever_system_the_policy_follows():
+    from bidirl.planner import live_prior
+    from bidirl.sim.run import simulate
+
+    # the live runtime trains with bidirl's own trainer under every policy: no recompute pass for areal either
+    areal, bidirl = (live_prior(small("cluster.device_type=cuda", f"launch.mode={policy}"))[0]
+                     for policy in ("areal", "bidirl"))  # (an accelerator: the analytic model is its prior)
+    assert areal.train_batch_s == bidirl.train_batch_s
+    cfg = small()
+    assert simulate(cfg, "areal").recomputed_logprob  # a simulated AReaL recomputes, as AReaL does
+    assert not simulate(cfg, "areal", driver=cfg.live_driver()).recomputed_logprob  # a live run's does not
+    assert simulate(small("sim.recompute_logprob=true"), "areal", driver=cfg.live_driver()).recomputed_logprob

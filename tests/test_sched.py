@@ -375,7 +375,7 @@ def test_measured_estimates_start_from_a_prior_and_each_first_measurement_replac
 
 
 def test_a_devices_first_chunk_is_timed_as_its_engines_warm_up_not_as_generation():
-    from bidirl.sched.estimates import MeasuredEstimates
+    from bidirl.sched.estimates import Estimates, MeasuredEstimates
 
     measured = MeasuredEstimates(weight=0.5)
     measured.chunk(seconds=2.2, groups=4, first=True)  # a fresh engine's first chunk
@@ -384,6 +384,11 @@ def test_a_devices_first_chunk_is_timed_as_its_engines_warm_up_not_as_generation
     now = measured.current()
     assert (now.chunk_s, now.generate_group_s) == (0.2, 0.05)  # generation as it runs once warm
     assert now.rollout_warmup_s == pytest.approx(2.0)  # the first chunk beyond a warm one
+    assert "rollout_warmup_s" in measured.measured_names()
+    # with a prior's generation time, the warm-up is known from the first chunk on, whatever its size
+    primed = MeasuredEstimates(prior=Estimates(generate_group_s=0.05, train_batch_s=1.0, switch_s=0.0))
+    primed.chunk(seconds=2.1, groups=2, first=True)
+    assert primed.current().rollout_warmup_s == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("rollout_warmup_s,lent", [(0.0, True), (2.0, False)])

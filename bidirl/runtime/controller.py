@@ -127,7 +127,9 @@ class Controller:
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
         self.measured = MeasuredEstimates(prior=self.prior or NO_ESTIMATES)
-        self.generated_on: set = set()  # devices that have returned a chunk (their first one holds the warm-up)
+        # devices that have replied with a chunk: their first one holds the engine's warm-up. (The cluster's
+        # ``warmed`` is what the policy sees, applied with the events; this is when a reply is timed.)
+        self.generated_on: set = set()
         self.trained_lengths = ResponseLengths()  # what the re-planner reads
         self.replanner: Replanner = NO_REPLANNING
         if cfg.cluster.replan_every:
@@ -252,6 +254,8 @@ class Controller:
         """A chunk, or the part of one this device holds, is done. Groups asked of it that it finished
         before it saw the ask are its target's now: they are reported done there at once."""
         samples, events = by_group(reply.samples), []
+        first = reply.device not in self.generated_on  # (its engine ran, whichever groups it keeps)
+        self.generated_on.add(reply.device)
         for ask in [a for a, (source, chunk, _, _) in self.asked.items() if (source, chunk) == (reply.device, reply.chunk)]:
             _, chunk, target, groups = self.asked.pop(ask)
             moved = sorted(samples)[-groups:]
@@ -259,8 +263,6 @@ class Controller:
         if samples:  # (none: every group it held went elsewhere, which the bookkeeping knows)
             kept = [s for i in sorted(samples) for s in samples[i]]
             events.insert(0, self.groups_done(reply.device, reply.chunk, kept, reply.seconds))
-            first = reply.device not in self.generated_on
-            self.generated_on.add(reply.device)
             if reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
                 self.measured.chunk(reply.seconds, len(samples), first)
         return events
@@ -636,7 +638,7 @@ class Controller:
             return {k: round(v, 4) for k, v in dataclasses.asdict(e).items()}
 
         return {"prior_source": self.prior_source, "prior": rounded(self.prior) if self.prior else None,
-                "final": rounded(self.measured.current()), "measured": sorted(self.measured.seen)}
+                "final": rounded(self.measured.current()), "measured": sorted(self.measured.measured_names())}
 
     def replanning_summary(self) -> Dict[str, Any]:
         history = getattr(self.replanner, "history", [])

@@ -346,8 +346,9 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         alone = cluster.pool_size(Role.TRAIN) == 1  # the primary may go only if no other trainer could
         for d in cluster.idle(Role.TRAIN):
+            cold = est.rollout_warmup_s if d.index not in cluster.warmed else 0.0  # (its engine warms up first)
             if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
-                    and d.version == cluster.version:
+                    and d.version == cluster.version and 0.5 * est.lease_s(cluster.chunk_groups) > 2 * est.switch_s + cold:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over the older tails"))
                 return
 

@@ -10,7 +10,7 @@ decides; it never receives new numbers from outside. Providers:
   from a *prior* (the performance model's estimates: a profile of the devices, or the analytic model)
   so that a cost-aware policy can lend from the first step; each figure's first measurement replaces
   its prior. Without a prior they are zero until measured, and a cost-aware policy lends nothing
-  before it has measured a chunk and a step;
+  before it has measured a chunk (after a device's first, which times its engine's warm-up) and a step;
 * :data:`NO_ESTIMATES` -- for policies that need none.
 """
 
@@ -76,7 +76,7 @@ class MeasuredEstimates:
         self.weight, self.prior = weight, prior
         self.values = {name: getattr(prior, name) for name in self.NAMES}
         self.seen: set = set()  # figures measured at least once
-        self.first_chunks_s: list = []  # each device's first chunk of the run (with its engine's warm-up)
+        self.first_chunks: list = []  # (seconds, groups) of each device's first chunk (its engine's warm-up in it)
 
     def _observe(self, name: str, value: float) -> None:
         old = self.values[name]
@@ -88,7 +88,7 @@ class MeasuredEstimates:
         engine's warm-up (2 s beside 0.13 s per chunk after it, live on this machine's CPU): it is timed
         apart, as the warm-up, instead of making generation look 15 times dearer than it is."""
         if first:
-            self.first_chunks_s.append(seconds)
+            self.first_chunks.append((seconds, groups))
             return
         self._observe("generate_group_s", seconds / groups)
         self._observe("chunk_s", seconds)
@@ -108,10 +108,16 @@ class MeasuredEstimates:
 
     def current(self) -> Estimates:
         values = dict(self.values)
-        if self.first_chunks_s:  # the warm-up: a first chunk beyond a later one (all of it, until one is timed)
-            first = sum(self.first_chunks_s) / len(self.first_chunks_s)
-            values["rollout_warmup_s"] = max(0.0, first - values["chunk_s"]) if "chunk_s" in self.seen else first
+        if self.first_chunks:  # the warm-up: a first chunk beyond what its groups take warm (measured or the
+            # prior's; all of it until either is known), whatever the chunk's size
+            per_group = values["generate_group_s"]
+            beyond = [max(0.0, seconds - groups * per_group) for seconds, groups in self.first_chunks]
+            values["rollout_warmup_s"] = sum(beyond) / len(beyond)
         return Estimates(**values)
+
+    def measured_names(self) -> list:
+        """The figures this run has measured (the warm-up once any device's first chunk is in)."""
+        return sorted(self.seen | ({"rollout_warmup_s"} if self.first_chunks else set()))
 
 
 def pulled_items(samples: int, micro_batch: int, devices: int) -> int:

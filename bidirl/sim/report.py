@@ -80,10 +80,10 @@ def print_table(cfg: PipelineConfig, results: List[SimResult]) -> None:
     out.print("pool %: busy / tail / admission / switching / draining / syncing / no reason "
               "(device-time; bound = policy-independent lower bound on the step)")
     out.print(table)
-    charged = [r.policy for r in results if r.recomputed_logprob]
-    if charged:  # (the analytic model: each trainer as its system runs it, unless sim.recompute_logprob says)
+    if not cfg.sim.profile:  # (the analytic model: each trainer as its system runs it, unless sim.recompute_logprob says)
+        charged = [r.policy for r in results if r.recomputed_logprob]
         spared = [r.policy for r in results if not r.recomputed_logprob]
-        out.print(f"old/proximal log-prob recompute (+2N FLOPs per token) charged to: {', '.join(charged)}"
+        out.print(f"old/proximal log-prob recompute (+2N FLOPs per token) charged to: {', '.join(charged) or 'none'}"
                   f"{'; not to: ' + ', '.join(spared) if spared else ''} (sim.recompute_logprob)")
 
 

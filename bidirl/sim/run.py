@@ -77,8 +77,21 @@ def recomputes_logprob(cfg: PipelineConfig, policy: Optional[str] = None) -> boo
     (:attr:`~bidirl.sched.policy.Policy.recomputes_logprob`). A simulated policy costs what the system it
     stands for runs: bidirl's own trainer takes them from the forward it trains with, veRL's and AReaL's
     recompute them."""
-    forced = cfg.sim.recompute_logprob
-    return forced if forced is not None else POLICIES[policy or cfg.launch.mode].recomputes_logprob
+    forced, name = cfg.sim.recompute_logprob, policy or cfg.launch.mode
+    if forced is not None:
+        return forced
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduling policy '{name}' (known: {', '.join(POLICIES)})")
+    return POLICIES[name].recomputes_logprob
+
+
+def on_live_trainer(cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` as a live run trains: the live runtime runs bidirl's own trainer under every policy, whatever
+    system its scheduling follows, so nothing recomputes log-probs there (unless ``sim.recompute_logprob``
+    says so). For whatever predicts a ``bidirl launch`` run: the planner with the live driver, the prior."""
+    if cfg.sim.recompute_logprob is not None:
+        return cfg
+    return dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, recompute_logprob=False))
 
 
 def perf_model(cfg: PipelineConfig, policy: Optional[str] = None) -> PerformanceModel:
@@ -158,6 +171,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     flight per device, loads at the chunk's end, mid-step joins in whole micro-batches. ``rollout_devices`` counts devices
     (a multiple of ``cluster.instance_devices``), and so does the result."""
     start = time.perf_counter()
+    cfg = on_live_trainer(cfg) if driver is not None else cfg  # (predicting a live run: its trainer)
     k = instance_size(cfg)
     own_workload = workload is None  # (the bound is of the configured workload: it may reuse our draws)
     perf, workload = unit_model(cfg, policy_name), workload or sim_workload(cfg)
