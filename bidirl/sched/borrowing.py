@@ -95,10 +95,14 @@ class VerlDynamicPolicy(AsyncPolicy):
         if expected_wait <= lease:
             return
         for d in cluster.idle(Role.TRAIN):
-            cold = est.rollout_warmup_s if d.index not in cluster.warmed else 0.0
             if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version \
-                    and expected_wait > lease + cold:
+                    and expected_wait > lease + self.warm_up_left(cluster, d):
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent to rollout"))
+
+    def warm_up_left(self, cluster: Cluster, device: Device) -> float:
+        """What ``device``'s rollout engine still has to warm up before it generates: all of the estimated
+        warm-up until it has finished a chunk this run, then nothing."""
+        return 0.0 if device.index in cluster.warmed else self.estimates.rollout_warmup_s
 
     # ---- in-flight migration ------------------------------------------------------------------------
     def migrating(self, cluster: Cluster) -> bool:
@@ -341,14 +345,13 @@ class BidirlPolicy(VerlDynamicPolicy):
         if not any(awaited) or all(self.admissible_next(cluster, d) <= 0 for d in holders):
             return
         smallest = min(n for n in awaited if n)
-        if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or \
-                0.5 * est.lease_s(cluster.chunk_groups) <= 2 * est.switch_s:
+        gain = 0.5 * est.lease_s(cluster.chunk_groups) - 2 * est.switch_s  # a tail's time left, less the switches
+        if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or gain <= 0:
             return
         alone = cluster.pool_size(Role.TRAIN) == 1  # the primary may go only if no other trainer could
-        for d in cluster.idle(Role.TRAIN):
-            cold = est.rollout_warmup_s if d.index not in cluster.warmed else 0.0  # (its engine warms up first)
+        for d in cluster.idle(Role.TRAIN):  # (a cold trainer warms its engine up first)
             if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
-                    and d.version == cluster.version and 0.5 * est.lease_s(cluster.chunk_groups) > 2 * est.switch_s + cold:
+                    and d.version == cluster.version and gain > self.warm_up_left(cluster, d):
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over the older tails"))
                 return
 

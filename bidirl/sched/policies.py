@@ -84,13 +84,13 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
                 heapq.heappush(heap, (cluster.inflight[index], index))
 
 
-def admission_blocked(cluster: Cluster, device) -> bool:
-    return cluster.admissible(device) <= 0 and cluster.admitted < cluster.steps * cluster.B
-
-
 def all_admitted(cluster: Cluster) -> bool:
     """Every group of the run has been admitted: a rollout device has nothing left to start."""
     return cluster.admitted >= cluster.steps * cluster.B
+
+
+def admission_blocked(cluster: Cluster, device) -> bool:
+    return cluster.admissible(device) <= 0 and not all_admitted(cluster)
 
 
 def publish_and_load(cluster: Cluster, actions: List[ev.Action], event: ev.Event) -> None:
