@@ -349,9 +349,12 @@ class BidirlPolicy(VerlDynamicPolicy):
         if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or gain <= 0:
             return
         alone = cluster.pool_size(Role.TRAIN) == 1  # the primary may go only if no other trainer could
-        for d in cluster.idle(Role.TRAIN):  # (a cold trainer warms its engine up first)
+        # (a cold trainer's engine warm-up is not weighed here, unlike in lend_idle_trainers: it is paid once
+        # a run, and gated on it a tail lease would turn on the first chunk's timing -- on the CPU default a
+        # 2 s warm-up beside tails of a tenth of a second would rule it out for good)
+        for d in cluster.idle(Role.TRAIN):
             if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
-                    and d.version == cluster.version and gain > self.warm_up_left(cluster, d):
+                    and d.version == cluster.version:
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over the older tails"))
                 return
 
