@@ -312,21 +312,25 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         target = takers[0] if takers else max(can_take, key=lambda d: (cluster.inflight[d.index], -d.index))
         due, est = cluster.version - cluster.eta, self.estimates
-        merged = cluster.inflight[target.index]
+        inflight, by_version = cluster.inflight, cluster.inflight_by_version
+        everything = target.home is Role.ROLLOUT  # a lent trainer takes only the groups due (back for its step)
+        merged = inflight[target.index]
         slowest = merged or math.inf  # the smallest decode batch a merge so far would slow down
-        for d in sorted(holders, key=lambda d: (cluster.inflight[d.index], d.index)):
-            if d is target:
-                continue
-            moving = [(v, n) for v, n in sorted(cluster.inflight_by_version[d.index].items())
-                      if target.home is Role.ROLLOUT or v <= due]
-            groups = sum(n for _, n in moving)
-            if not groups or merged + groups > cluster.inflight_groups or d.version > target.version:
+        # (the innermost scan of a simulated run, at most events: the cheap tests first, and the groups that
+        # would move listed only for a merge that happens)
+        for d in sorted(holders, key=lambda d: (inflight[d.index], d.index)):
+            if d is target or d.version > target.version:
                 continue  # (a tail continues only on weights at least as new as those it last decoded with)
-            smallest = min(slowest, cluster.inflight[d.index])
+            versions = by_version[d.index]
+            groups = inflight[d.index] if everything else sum(n for v, n in versions.items() if v <= due)
+            if not groups or merged + groups > cluster.inflight_groups:
+                continue
+            smallest = min(slowest, inflight[d.index])
             if est.merged_slowdown(smallest, merged + groups) > self.MERGE_SLOWDOWN:
                 continue
-            for version, n in moving:
-                issue(cluster, actions, ev.Migrate(d.index, target.index, n, version))
+            for version, n in sorted(versions.items()):
+                if everything or version <= due:
+                    issue(cluster, actions, ev.Migrate(d.index, target.index, n, version))
             merged, slowest = merged + groups, smallest
 
     def lend_for_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:

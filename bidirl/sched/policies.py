@@ -69,9 +69,11 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     devices, inflight = cluster.devices, cluster.inflight
     outstanding = newest_limit - cluster.admitted + sum(inflight[i] for i in serving)
     share = -(-outstanding // len(serving))
-    # least loaded first (the heap orders by load, then index): the cheap test first, on every candidate
-    heap = [(inflight[i], i) for i in pool if inflight[i] < share and cluster.has_room(devices[i], 1)
-            and not cluster.decoding_older_tail(devices[i])]
+    # least loaded first (the heap orders by load, then index): the cheap test first, on every candidate, then
+    # the one that rules out most of the rest (while admission is open beside older tails, every device
+    # below its share is usually one of them)
+    heap = [(inflight[i], i) for i in pool if inflight[i] < share and not cluster.decoding_older_tail(devices[i])
+            and cluster.has_room(devices[i], 1)]
     heapq.heapify(heap)
     while heap and cluster.admitted < stop:
         _, index = heapq.heappop(heap)
