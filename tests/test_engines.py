@@ -326,3 +326,33 @@ def test_an_ask_for_groups_the_hf_engine_has_not_started_yet_hands_them_over_emp
     assert all(0 < len(s.completion_ids) < 8 for s in moved if s.prompt_index == 0)  # stopped mid-way
     resumed = HFRolloutEngine(model_dir).continue_samples(moved, params)
     assert all(len(s.completion_ids) == 8 for s in resumed + kept)
+
+
+def test_vllm_reports_each_group_once_as_its_last_sample_ends_and_returns_only_the_rest(model_dir, vllm_engine):
+    """What lets a live step stream from a chunk still generating: every group goes to ``done`` exactly
+    once, whole (n samples, each ended), and is neither returned nor handed over afterwards."""
+    if not HAS_VLLM:
+        pytest.skip("vLLM not installed")
+    trainer = TorchTrainEngine(model_dir, small_config())
+    vllm_engine.update_weights(trainer.state_dict(), 5)
+    reported = []
+    left = vllm_engine.generate(PROMPTS, PARAMS, done=reported.append)
+    assert left == []  # nothing to stop it: every group ended, and was reported
+    assert sorted(group[0].prompt_index for group in reported) == [0, 1, 2]
+    for group in reported:
+        assert len(group) == PARAMS.n and len({s.prompt_index for s in group}) == 1
+        assert all(s.finished or len(s.completion_ids) == PARAMS.max_new_tokens for s in group)
+        assert all(len(s.logprobs) == len(s.completion_ids) and s.version == 5 for s in group)
+    assert mean_abs_logprob_gap(trainer, [s for group in reported for s in group]) < 1e-4
+
+
+def test_groups_reported_done_are_never_handed_over_and_each_group_comes_back_once(model_dir, vllm_engine):
+    if not HAS_VLLM:
+        pytest.skip("vLLM not installed")
+    params = SamplingParams(n=2, max_new_tokens=12, ignore_eos=True)
+    handover, reported = AskAfter(polls=4, groups=2), []
+    kept = vllm_engine.generate(PROMPTS, params, handover, done=reported.append)
+    [(moved_groups, moved)] = handover.handed
+    assert len(moved_groups) == 2 and all(not s.finished for s in moved)  # stopped mid-way
+    groups = moved_groups + [g[0].prompt_index for g in reported] + [s.prompt_index for s in kept][::params.n]
+    assert sorted(groups) == [0, 1, 2]  # each group once: handed over, reported, or returned

@@ -33,12 +33,13 @@ class HFRolloutEngine(PauseGate):
         self._calls = 0
         self._seed = seed
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams,
-                 handover: Optional[HandOver] = None) -> List[Sample]:
+    def generate(self, prompts: Sequence[str], params: SamplingParams, handover: Optional[HandOver] = None,
+                 done: Optional[Callable[[List[Sample]], None]] = None) -> List[Sample]:
         """With ``handover``, ``model.generate`` stops (a stopping criterion) as soon as groups are asked
         for; they are handed over with their tokens so far -- prompts of a later call not started yet go
         as empty samples -- and the rest continue here (re-prefilled: this engine has no request-level
-        abort)."""
+        abort). ``done`` is never called: every group is returned at the end (the groups of one static
+        ``model.generate`` batch end together; a chunk of several batches is not reported batch by batch)."""
         per_call = max(1, self.max_batch // params.n)
         if handover is None:
             samples: List[Sample] = []

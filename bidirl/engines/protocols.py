@@ -32,13 +32,16 @@ class RolloutEngine(Protocol):
     tokenizer: Any  # the model's tokenizer (chat templates, prompt encoding)
     version: int  # policy version of the weights it serves; update_weights sets it
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams,
-                 handover: Optional["HandOver"] = None) -> List[Sample]:
+    def generate(self, prompts: Sequence[str], params: SamplingParams, handover: Optional["HandOver"] = None,
+                 done: Optional[Callable[[List[Sample]], None]] = None) -> List[Sample]:
         """``params.n`` samples per prompt, in prompt order. With ``handover``, another thread may ask,
         while this runs, for some prompt groups to be stopped and handed over mid-generation (in-flight
         migration): between two decode steps the engine stops them and gives their samples so far to
         ``handover`` (finished ones whole, the rest with ``finished=False``, to be continued elsewhere
-        with :meth:`continue_samples`); it returns only the groups it kept."""
+        with :meth:`continue_samples`); it returns only the groups it kept. With ``done``, an engine that
+        can tell when a group's last sample ends (continuous batching: vLLM) calls it with that group's
+        samples at once, and neither returns nor hands over that group afterwards; one that cannot (a
+        static batch: HF ``generate``) returns every group at the end, as without it."""
         ...
 
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:

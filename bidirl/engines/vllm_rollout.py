@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from bidirl.engines.protocols import HandOver, PauseGate, RolloutSite, choose_groups
 from bidirl.samples import Sample, SamplingParams
@@ -57,13 +57,13 @@ class VLLMRolloutEngine(PauseGate):
         self.version = 0
         self._batch = 0  # interruptible generate calls so far (unique request ids)
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams,
-                 handover: Optional[HandOver] = None) -> List[Sample]:
+    def generate(self, prompts: Sequence[str], params: SamplingParams, handover: Optional[HandOver] = None,
+                 done: Optional[Callable[[List[Sample]], None]] = None) -> List[Sample]:
         self.wait_if_paused()
         sampling = vllm_sampling(params, params.n, params.max_new_tokens)
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
-        if handover is not None:
-            return self._generate_interruptible(requests, params, handover)
+        if handover is not None or done is not None:
+            return self._generate_stepwise(requests, params, handover, done)
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         samples = []
         for index, output in enumerate(outputs):
@@ -74,17 +74,19 @@ class VLLMRolloutEngine(PauseGate):
                                       self.version, finished))
         return samples
 
-    def _generate_interruptible(self, requests: List[Dict[str, Any]], params: SamplingParams,
-                                handover: HandOver) -> List[Sample]:
-        """The engine's step loop run here, so that between two decode steps groups can be stopped
-        (``abort_request``) and handed over with every token so far. One request per sample (n = 1, the
-        prompt shared through the prefix cache), streamed as deltas, so a stopped request's tokens and
-        log-probs are exactly what it generated."""
+    def _generate_stepwise(self, requests: List[Dict[str, Any]], params: SamplingParams,
+                           handover: Optional[HandOver], done: Optional[Callable[[List[Sample]], None]]) -> List[Sample]:
+        """The engine's step loop run here (what ``LLM.generate`` runs inside), so that between two decode
+        steps groups can be stopped (``abort_request``) and handed over with every token so far, and a
+        group whose last sample ended goes to ``done`` at once. One request per sample (n = 1, the prompt
+        shared through the prefix cache; vLLM fans ``n`` out into as many requests anyway), streamed as
+        deltas where a request may be stopped, so that its tokens and log-probs are exactly what it
+        generated; only finished ones otherwise."""
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
         sampling = vllm_sampling(params, 1, params.max_new_tokens)
-        sampling.output_kind = RequestOutputKind.DELTA
+        sampling.output_kind = RequestOutputKind.DELTA if handover is not None else RequestOutputKind.FINAL_ONLY
         self._batch += 1
         ids = {}  # request id -> (prompt index, sample index)
         samples: Dict[int, List[Sample]] = {}
@@ -96,9 +98,10 @@ class VLLMRolloutEngine(PauseGate):
                 ids[request_id] = (index, j)
                 engine.add_request(request_id, request, sampling)
         running = set(ids)
+        unfinished = Counter(index for index, _ in ids.values())  # prompt index -> its requests still running
         try:
             while running:
-                for groups in handover.wanted():
+                for groups in handover.wanted() if handover is not None else ():
                     per_group = Counter(ids[request_id][0] for request_id in running)
                     chosen = choose_groups(per_group, sorted(samples), groups)
                     stopped = [r for r in running if ids[r][0] in chosen]
@@ -119,10 +122,14 @@ class VLLMRolloutEngine(PauseGate):
                     if output.finished:
                         sample.finished = completion.finish_reason == "stop"
                         running.discard(output.request_id)
+                        unfinished[index] -= 1
+                        if done is not None and not unfinished[index]:  # the group's last sample: done now
+                            done([self._with_text(s) for s in samples.pop(index)])
         finally:  # (an error mid-loop must not leave requests running into the next generate call)
             if running:
                 engine.abort_request(list(running))
-        handover.close()
+        if handover is not None:
+            handover.close()
         return [self._with_text(s) for index in sorted(samples) for s in samples[index]]
 
     def _with_text(self, sample: Sample) -> Sample:

@@ -7,7 +7,8 @@
     publish the Plan; wait for N Ready        <────────    build groups + both engines, post Ready
     decide(Started) -> actions -> commands    ────────>    run commands in order (a FIFO queue each)
     loop until the last version exists:
-        wait for the next reply               <────────    ChunkGenerated | GradsComputed | StepDone |
+        wait for the next reply               <────────    GroupsGenerated | ChunkGenerated |
+                                                           GradsComputed | StepDone |
                                                            WeightsStaged | WeightsLoaded | RoleSwitched
         GradsComputed -> that device pulls the step's next micro-batch; when none is left and none
                          is being computed, FinishStep to every device of the step
@@ -31,6 +32,10 @@ e.g. a rollout device the staleness bound blocks) takes a share of what is left.
 micro-batch is handed out the step accepts no more joiners (``Cluster.close_step``); once all are
 computed every device of the step gets ``FinishStep``: one all-reduce over exactly those devices, then
 the home trainers' optimizer step.
+
+Groups as they end: an engine that can tell (vLLM's continuous batching) reports each group the
+moment its last sample ends (``GroupsGenerated``), as the simulator's instances do, and the chunk's own
+reply brings the rest; so a step streams from a chunk still generating, even one chunk a batch.
 
 Streamed steps (``Cluster.stream_plan``): the step starts on the groups of its batch already done
 while those it must contain still generate (at eta 0 the rest of version k, at eta >= 1 the due tail);
@@ -173,6 +178,14 @@ class Controller:
         self.asked: Dict[int, Tuple[int, int, int, int]] = {}  # ask -> (source, chunk, target, groups)
         self.next_ask = 0
         self.split_chunks: Set[int] = set()
+        # groups a device reported done of a chunk still generating there (GroupsGenerated), and the
+        # seconds into that chunk they were reported at: the chunk's own reply times the rest
+        self.reported: Counter = Counter()  # (device, chunk) -> groups
+        self.reported_s: Dict[Tuple[int, int], float] = {}
+        # chunks sent (GenerateChunk, ContinueGroups) whose own reply has not come yet: a device whose groups
+        # were all reported as they ended is idle by the bookkeeping before it replies, and the run ends
+        # only once that reply is in (the next thing awaited after the loop is a checkpoint's)
+        self.chunks_open = 0
 
     # ---- main loop -------------------------------------------------------------------------------
     def run_all(self) -> Dict[str, Any]:
@@ -192,7 +205,7 @@ class Controller:
             with progress_bar(f"GRPO ({self.policy.label})", self.cfg.train.steps, self.cfg.logging.progress) as bar:
                 self.bar = bar
                 bar(self.cluster.version)  # (a resumed run starts part way)
-                while not self.cluster.finished or self.checkpoints_due:
+                while not self.cluster.finished or self.checkpoints_due or self.chunks_open:
                     reply = self.mailbox.next_event(timeout=self.lease_wait())
                     events = [self.expire_overdue_lease()] if reply is None else self.translate(reply)
                     for event in filter(None, events):
@@ -251,20 +264,49 @@ class Controller:
         return events if isinstance(events, list) else [events] if events is not None else []
 
     def _chunk_generated(self, reply: msg.ChunkGenerated) -> List[ev.Event]:
-        """A chunk, or the part of one this device holds, is done. Groups asked of it that it finished
-        before it saw the ask are its target's now: they are reported done there at once."""
-        samples, events = by_group(reply.samples), []
+        """A chunk, or the part of one this device holds, is over: the groups it had not reported yet."""
+        key = (reply.device, reply.chunk)
+        self.chunks_open -= 1
         first = reply.device not in self.generated_on  # (its engine ran, whichever groups it keeps)
         self.generated_on.add(reply.device)
-        for ask in [a for a, (source, chunk, _, _) in self.asked.items() if (source, chunk) == (reply.device, reply.chunk)]:
-            _, chunk, target, groups = self.asked.pop(ask)
-            moved = sorted(samples)[-groups:]
+        events = self.finished(reply.device, reply.chunk, by_group(reply.samples), reply.seconds)
+        groups = self.reported.pop(key, 0)  # (every group this device finished of the chunk and kept)
+        rest = reply.seconds - self.reported_s.pop(key, reply.seconds)
+        if rest > 0:  # (every group it kept was reported before the chunk ended: the time since is the chunk's too)
+            self.data.collect(reply.chunk, [], rest)
+        if groups and reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
+            self.measured.chunk(reply.seconds, groups, first)
+        return events
+
+    def _groups_generated(self, reply: msg.GroupsGenerated) -> List[ev.Event]:
+        """Groups of a chunk still generating finished (an engine that reports each group as it ends): done
+        now, as the simulator's instances report them, so that a streamed step takes them at once."""
+        return self.finished(reply.device, reply.chunk, by_group(reply.samples), reply.seconds)
+
+    def finished(self, device: int, chunk: int, samples: Dict[int, List[Any]], seconds: float) -> List[ev.Event]:
+        """Groups ``device`` finished of ``chunk`` (``samples`` by prompt), ``seconds`` into it. Those beyond
+        what it holds by the bookkeeping were moved to a target (``Migrate``) before the device saw the ask:
+        they are the target's, done there at once, and that ask waits for that many fewer (the engine hands
+        over what it still has: exactly the rest). The others are done here."""
+        events = []
+        for ask in [a for a, (source, c, _, _) in self.asked.items() if (source, c) == (device, chunk)]:
+            excess = len(samples) - self.held[device][chunk]
+            if excess <= 0:
+                break
+            _, _, target, groups = self.asked[ask]
+            moved = sorted(samples)[-min(excess, groups):]
+            if len(moved) == groups:
+                del self.asked[ask]
+            else:
+                self.asked[ask] = (device, chunk, target, groups - len(moved))
             events.append(self.groups_done(target, chunk, [s for i in moved for s in samples.pop(i)], 0.0))
         if samples:  # (none: every group it held went elsewhere, which the bookkeeping knows)
+            key = (device, chunk)
+            so_far = self.reported_s.get(key, 0.0)  # (the device-seconds of a chunk are counted once)
+            self.reported_s[key] = max(so_far, seconds)
+            self.reported[key] += len(samples)
             kept = [s for i in sorted(samples) for s in samples[i]]
-            events.insert(0, self.groups_done(reply.device, reply.chunk, kept, reply.seconds))
-            if reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
-                self.measured.chunk(reply.seconds, len(samples), first)
+            events.insert(0, self.groups_done(device, chunk, kept, max(0.0, seconds - so_far)))
         return events
 
     def groups_done(self, device: int, chunk: int, samples: List[Any], seconds: float) -> ev.ChunkDone:
@@ -278,6 +320,9 @@ class Controller:
 
     def _groups_handed_over(self, reply: msg.GroupsHandedOver) -> Optional[ev.Event]:
         """A source stopped groups mid-generation (answering one ask): the target continues them."""
+        if reply.ask not in self.asked:  # (settled from the groups it reported done before it saw the ask)
+            assert not reply.samples, f"device {reply.device} answered ask {reply.ask}, settled, with groups"
+            return None
         _, chunk, target, groups = self.asked.pop(reply.ask)
         assert len(by_group(reply.samples)) == groups, f"asked device {reply.device} for {groups} groups"
         self.continue_on(target, chunk, reply.samples)
@@ -290,6 +335,7 @@ class Controller:
 
     def continue_on(self, target: int, chunk: int, samples: List[Any]) -> None:
         self.mailbox.send(target, msg.ContinueGroups(chunk, tuple(samples), self.data.params))
+        self.chunks_open += 1
 
     def _role_switched(self, reply: msg.RoleSwitched) -> ev.Event:
         if reply.home is Role.TRAIN:
@@ -393,7 +439,8 @@ class Controller:
                                         "path": str(sealed), "seconds": round(reply.seconds, 3)})
         return None
 
-    TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsHandedOver: _groups_handed_over,
+    TRANSLATE = {msg.ChunkGenerated: _chunk_generated, msg.GroupsGenerated: _groups_generated,
+                 msg.GroupsHandedOver: _groups_handed_over,
                  msg.RoleSwitched: _role_switched,
                  msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
                  msg.GradsComputed: _grads_computed,
@@ -493,6 +540,7 @@ class Controller:
         chunk = self.cluster.start_chunk(action)
         self.held[action.device][chunk.index] += chunk.groups
         self.mailbox.send(action.device, self.data.request(chunk))
+        self.chunks_open += 1
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first

@@ -12,7 +12,8 @@ command took.
 
     controller                                      worker main thread        weight receiver thread
     Plan (published once) ───────────────────────►  reads it at start-up
-    GenerateChunk  ──►  ChunkGenerated              generate, reward
+    GenerateChunk  ──►  GroupsGenerated ...         generate, reward; each group as it ends (vLLM), then
+                   ──►  ChunkGenerated              the groups not reported yet
     ComputeGrads   ──►  GradsComputed               one micro-batch's gradients, added to the step's (a step's
                                                     devices pull its micro-batches one at a time, so
                                                     one that joins mid-step takes a share of the rest)
@@ -208,9 +209,22 @@ class Ready(Reply):
 
 @dataclass
 class ChunkGenerated(Reply):
+    """``chunk`` is over on this device: the samples of the groups it has not reported yet (none, if an
+    engine reported every group as it finished: ``GroupsGenerated``)."""
+
     chunk: int
     samples: List[Sample]  # rewarded, in prompt order
     version: int
+
+
+@dataclass
+class GroupsGenerated(Reply):
+    """Groups of ``chunk`` whose last sample just finished, while the rest of the chunk still generates
+    (an engine that can tell: vLLM); ``seconds`` is the time since the chunk started here. The simulator's
+    instances report each group as it finishes too, so a step streams from the groups already done."""
+
+    chunk: int
+    samples: List[Sample]  # rewarded, whole groups
 
 
 @dataclass
@@ -287,7 +301,8 @@ class Stopped(Reply):
     pass
 
 
-REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsHandedOver, GradsComputed, StepDone, WeightsStaged, WeightsLoaded,
-                             RoleSwitched, TrainStateShared, Evaluated, CheckpointSaved, Stopped)
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsGenerated, GroupsHandedOver, GradsComputed, StepDone,
+                             WeightsStaged, WeightsLoaded, RoleSwitched, TrainStateShared, Evaluated, CheckpointSaved,
+                             Stopped)
 
 Message = Any  # a Plan, a Command or a Reply

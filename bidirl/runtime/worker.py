@@ -139,6 +139,12 @@ class Worker:
             self.mailbox.post(msg.GroupsHandedOver(device=self.device, chunk=command.chunk, samples=label(samples),
                                                    ask=ask))
 
+        started = time.perf_counter()
+
+        def group_done(samples: List[Sample]) -> None:  # (from inside the engine: a group's last sample ended)
+            self.mailbox.post(msg.GroupsGenerated(device=self.device, seconds=time.perf_counter() - started,
+                                                  chunk=command.chunk, samples=self.rewarded(label(samples))))
+
         handover = HandOver(hand_over) if self.migrates else None
         with self.handover_lock:
             self.handover = (command.chunk, handover) if handover else None
@@ -148,7 +154,7 @@ class Worker:
             self.early_asks = {c: asks for c, asks in self.early_asks.items() if c > command.chunk}
         try:
             with self.doing(S.GENERATING, f"chunk {command.chunk}"):
-                samples = self.rollout.generate(command.prompts, command.params, handover)
+                samples = self.rollout.generate(command.prompts, command.params, handover, done=group_done)
         finally:
             with self.handover_lock:
                 self.handover = None

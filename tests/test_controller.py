@@ -1,0 +1,69 @@
+"""The controller's rule for groups reported as they end while another device asked for them (in-flight
+migration): whichever order the replies come in, each group is done once, on the device the bookkeeping
+gave it to. The live runs in ``test_runtime.py`` exercise it end to end; the orders that a timing race
+produces rarely are written out here."""
+
+from collections import Counter
+
+from bidirl.runtime import protocol as msg
+from bidirl.runtime.controller import Controller
+from bidirl.samples import Sample
+from bidirl.sched import events as ev
+
+SOURCE, TARGET, CHUNK = 0, 1, 7
+
+
+class Collected:
+    """The rollout data's side of a reply: groups kept and device-seconds counted, per chunk."""
+
+    def __init__(self):
+        self.groups, self.seconds = Counter(), Counter()
+
+    def collect(self, chunk, samples, seconds):
+        self.groups[chunk] += len({s.prompt_index for s in samples})
+        self.seconds[chunk] += seconds
+        return len({s.prompt_index for s in samples})
+
+
+def controller_after_a_migrate(holds: int, asked: int) -> Controller:
+    """The source held ``holds`` groups of the chunk; the bookkeeping moved ``asked`` of them to the
+    target (Migrate) and the ask is on its way to the source."""
+    c = object.__new__(Controller)  # (only the migration bookkeeping: no run, no mailbox)
+    c.held = {SOURCE: Counter({CHUNK: holds - asked}), TARGET: Counter({CHUNK: asked})}
+    c.asked = {0: (SOURCE, CHUNK, TARGET, asked)}
+    c.reported, c.reported_s, c.data = Counter(), {}, Collected()
+    return c
+
+
+def groups(*indices):
+    return {i: [Sample(i, [1], [2, 3], "", [-0.1, -0.2], 0) for _ in range(2)] for i in indices}
+
+
+def test_groups_a_source_reports_done_before_it_sees_the_ask_go_first_to_what_it_keeps():
+    c = controller_after_a_migrate(holds=4, asked=2)
+    assert c.finished(SOURCE, CHUNK, groups(0), 1.0) == [ev.ChunkDone(SOURCE, CHUNK, 1)]
+    assert c.asked == {0: (SOURCE, CHUNK, TARGET, 2)}  # the engine still has the two asked for
+
+
+def test_groups_beyond_what_the_source_keeps_are_the_targets_and_the_ask_waits_for_the_rest():
+    c = controller_after_a_migrate(holds=3, asked=2)
+    events = c.finished(SOURCE, CHUNK, groups(0, 1), 1.5)
+    assert events == [ev.ChunkDone(SOURCE, CHUNK, 1), ev.ChunkDone(TARGET, CHUNK, 1)]
+    assert c.asked == {0: (SOURCE, CHUNK, TARGET, 1)}  # the engine, asked for 2, has 1 left to hand over
+    assert c.held[SOURCE][CHUNK] == 0 and c.held[TARGET][CHUNK] == 1
+
+
+def test_an_ask_settled_wholly_from_groups_reported_done_takes_the_engines_empty_answer_as_nothing():
+    c = controller_after_a_migrate(holds=2, asked=2)
+    assert c.finished(SOURCE, CHUNK, groups(0, 1), 2.0) == [ev.ChunkDone(TARGET, CHUNK, 2)]
+    assert c.asked == {}
+    assert c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=CHUNK, samples=[], ask=0)) is None
+
+
+def test_a_chunks_device_seconds_are_counted_once_however_its_groups_were_reported():
+    c = controller_after_a_migrate(holds=3, asked=0)
+    c.asked = {}
+    c.finished(SOURCE, CHUNK, groups(0), 1.0)
+    c.finished(SOURCE, CHUNK, groups(1), 2.5)
+    c.finished(SOURCE, CHUNK, groups(2), 4.0)
+    assert c.data.seconds[CHUNK] == 4.0 and c.reported[(SOURCE, CHUNK)] == 3
