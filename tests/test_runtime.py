@@ -261,6 +261,22 @@ def test_live_steps_stream_at_eta_0_start_on_the_groups_done_and_step_once_all_a
     assert summary["stream_wait_s"] > 0 and summary["time_breakdown"]["train"]["tail"] > 0
 
 
+def test_a_vllm_device_reports_each_group_as_it_ends_so_a_step_streams_from_a_batch_of_one_chunk(tmp_path):
+    # one chunk a batch: a step can start on part of its batch only if groups are reported as they end
+    # (GroupsGenerated), not when the chunk does -- vLLM's continuous batching can tell, HF's static batch not
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl-tor", "algorithm.staleness=0",
+                          "rollout.engine=vllm", "launch.chunk_groups=8", "train.micro_batch_size=8")
+    summary = json.loads((root / "summary.json").read_text())
+    trace = read_jsonl(root / "trace.jsonl")
+    starts = [re.match(r"batch \d+ \(versions \d+-\d+, streamed: (\d+)/8 groups done\)", r["reason"])
+              for r in trace if r["to"] == "training" and r["home"] == "train" and r["from"] == "idle"]
+    assert any(m and int(m.group(1)) < 8 for m in starts), [r["reason"] for r in trace if r["to"] == "training"]
+    steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["samples_consumed"] for r in steps] == [8 * 4 * k for k in (1, 2, 3, 4)]  # every group, once
+    assert summary["final_version"] == 4 and summary["staleness_histogram"] == {"0": 4 * 8}
+    assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # on-policy, and the samples are the engine's own
+
+
 def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_count_for_nothing(tmp_path):
     import os
 
