@@ -25,12 +25,12 @@ class Collected:
         return len({s.prompt_index for s in samples})
 
 
-def controller_after_a_migrate(holds: int, asked: int) -> Controller:
+def controller_after_a_migrate(holds: int, *asked: int) -> Controller:
     """The source held ``holds`` groups of the chunk; the bookkeeping moved ``asked`` of them to the
-    target (Migrate) and the ask is on its way to the source."""
+    target (one Migrate each, oldest first) and the asks are on their way to the source."""
     c = object.__new__(Controller)  # (only the migration bookkeeping: no run, no mailbox)
-    c.held = {SOURCE: Counter({CHUNK: holds - asked}), TARGET: Counter({CHUNK: asked})}
-    c.asked = {0: (SOURCE, CHUNK, TARGET, asked)}
+    c.held = {SOURCE: Counter({CHUNK: holds - sum(asked)}), TARGET: Counter({CHUNK: sum(asked)})}
+    c.asked = {n: (SOURCE, CHUNK, TARGET, groups) for n, groups in enumerate(asked)}
     c.reported, c.reported_s, c.data = Counter(), {}, Collected()
     return c
 
@@ -40,29 +40,37 @@ def groups(*indices):
 
 
 def test_groups_a_source_reports_done_before_it_sees_the_ask_go_first_to_what_it_keeps():
-    c = controller_after_a_migrate(holds=4, asked=2)
+    c = controller_after_a_migrate(4, 2)
     assert c.finished(SOURCE, CHUNK, groups(0), 1.0) == [ev.ChunkDone(SOURCE, CHUNK, 1)]
     assert c.asked == {0: (SOURCE, CHUNK, TARGET, 2)}  # the engine still has the two asked for
 
 
 def test_groups_beyond_what_the_source_keeps_are_the_targets_and_the_ask_waits_for_the_rest():
-    c = controller_after_a_migrate(holds=3, asked=2)
+    c = controller_after_a_migrate(3, 2)
     events = c.finished(SOURCE, CHUNK, groups(0, 1), 1.5)
     assert events == [ev.ChunkDone(SOURCE, CHUNK, 1), ev.ChunkDone(TARGET, CHUNK, 1)]
     assert c.asked == {0: (SOURCE, CHUNK, TARGET, 1)}  # the engine, asked for 2, has 1 left to hand over
     assert c.held[SOURCE][CHUNK] == 0 and c.held[TARGET][CHUNK] == 1
 
 
+def test_with_two_asks_out_the_shortfall_falls_on_the_newest_as_the_engine_answers_oldest_first():
+    # the engine, holding 1 group when it sees both asks, gives the first ask that group and the second none
+    c = controller_after_a_migrate(4, 1, 1)
+    events = c.finished(SOURCE, CHUNK, groups(0, 1, 2), 1.0)
+    assert events == [ev.ChunkDone(SOURCE, CHUNK, 2), ev.ChunkDone(TARGET, CHUNK, 1)]
+    assert c.asked == {0: (SOURCE, CHUNK, TARGET, 1)}
+    assert c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=CHUNK, samples=[], ask=1)) is None
+
+
 def test_an_ask_settled_wholly_from_groups_reported_done_takes_the_engines_empty_answer_as_nothing():
-    c = controller_after_a_migrate(holds=2, asked=2)
+    c = controller_after_a_migrate(2, 2)
     assert c.finished(SOURCE, CHUNK, groups(0, 1), 2.0) == [ev.ChunkDone(TARGET, CHUNK, 2)]
     assert c.asked == {}
     assert c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=CHUNK, samples=[], ask=0)) is None
 
 
 def test_a_chunks_device_seconds_are_counted_once_however_its_groups_were_reported():
-    c = controller_after_a_migrate(holds=3, asked=0)
-    c.asked = {}
+    c = controller_after_a_migrate(3)  # (no ask out)
     c.finished(SOURCE, CHUNK, groups(0), 1.0)
     c.finished(SOURCE, CHUNK, groups(1), 2.5)
     c.finished(SOURCE, CHUNK, groups(2), 4.0)

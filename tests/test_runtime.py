@@ -1,6 +1,7 @@
 """The hot-switch runtime for real: torchrun processes, gloo groups, two devices plus a controller."""
 
 import ipaddress
+import importlib.util
 import json
 import re
 import subprocess
@@ -261,6 +262,7 @@ def test_live_steps_stream_at_eta_0_start_on_the_groups_done_and_step_once_all_a
     assert summary["stream_wait_s"] > 0 and summary["time_breakdown"]["train"]["tail"] > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
 def test_a_vllm_device_reports_each_group_as_it_ends_so_a_step_streams_from_a_batch_of_one_chunk(tmp_path):
     # one chunk a batch: a step can start on part of its batch only if groups are reported as they end
     # (GroupsGenerated), not when the chunk does -- vLLM's continuous batching can tell, HF's static batch not

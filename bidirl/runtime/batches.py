@@ -62,7 +62,8 @@ class RolloutData:
         self.params = SamplingParams(n=cfg.rollout.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
                                      temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         self.groups: Dict[int, List[List[Sample]]] = {}  # chunk -> its prompt groups not yet trained
-        self.seconds: Dict[int, float] = {}  # chunk -> seconds its device spent generating it
+        self.seconds: Dict[int, float] = {}  # chunk -> seconds its device spent generating it (so far)
+        self.collected: Dict[int, int] = {}  # chunk -> its groups reported done so far
         # group -> its problem's position in the prompt stream, until a step trains it: what a checkpoint
         # keeps of the groups drawn and not trained yet, to draw them again on resume
         self.positions: Dict[int, int] = {}
@@ -87,6 +88,7 @@ class RolloutData:
         by_prompt = by_group(samples)
         self.groups.setdefault(chunk, []).extend(by_prompt[i] for i in sorted(by_prompt))
         self.seconds[chunk] = self.seconds.get(chunk, 0.0) + seconds
+        self.collected[chunk] = self.collected.get(chunk, 0) + len(by_prompt)
         return len(by_prompt)
 
     # 4-6. a batch the scheduler composed -> its queue of micro-batches
@@ -136,7 +138,9 @@ class RolloutData:
                 group = self.groups[chunk.index].pop(0)
                 assign_advantages(group, self.cfg.algorithm.std_normalize)
                 samples += group
-            rollout_s += self.seconds[chunk.index] * groups / chunk.groups  # device-seconds
+            # device-seconds: the chunk's per group so far (groups reported as they end come before the
+            # chunk's time is all in; once it is, this is its time times the share of its groups)
+            rollout_s += self.seconds[chunk.index] * groups / (self.collected.get(chunk.index) or chunk.groups)
         return samples, rollout_s
 
 

@@ -286,10 +286,12 @@ class Controller:
     def finished(self, device: int, chunk: int, samples: Dict[int, List[Any]], seconds: float) -> List[ev.Event]:
         """Groups ``device`` finished of ``chunk`` (``samples`` by prompt), ``seconds`` into it. Those beyond
         what it holds by the bookkeeping were moved to a target (``Migrate``) before the device saw the ask:
-        they are the target's, done there at once, and that ask waits for that many fewer (the engine hands
-        over what it still has: exactly the rest). The others are done here."""
+        they are the target's, done there at once, and that ask waits for that many fewer. The newest ask
+        first: the engine answers asks oldest first, each with what it still has, so a shortfall falls on
+        the newest; what the controller expects is then exactly what it hands over. The others are done
+        here."""
         events = []
-        for ask in [a for a, (source, c, _, _) in self.asked.items() if (source, c) == (device, chunk)]:
+        for ask in reversed([a for a, (source, c, _, _) in self.asked.items() if (source, c) == (device, chunk)]):
             excess = len(samples) - self.held[device][chunk]
             if excess <= 0:
                 break
