@@ -200,16 +200,20 @@ def test_each_request_costs_its_measured_overhead_beyond_prefill_and_decode():
     assert synthetic_profile().model().request_overhead_seconds() == 0.0  # older profiles did not measure it
 
 
-def test_a_profiled_warm_up_delays_each_devices_first_chunk_in_the_simulator(tmp_path):
-    first_chunk = {}
+def test_a_profiled_warm_up_is_charged_where_the_runtime_pays_it_the_first_step_not_the_first_chunk(tmp_path):
+    # the live worker warms its rollout engine at start-up, before the run's clock (as a GPU engine warms at
+    # its start); the trainer's first step still pays its own
+    first_chunk, first_step = {}, {}
     for name, warmup in (("steady", None), ("warming", {"rollout_s": 5.0, "train_s": 0.5})):
         (tmp_path / f"{name}.json").write_text(synthetic_profile(warmup=warmup).to_json())
         cfg = small(f"sim.profile={tmp_path / name}.json", "cluster.devices=2", "launch.chunk_groups=8",
                     "train.prompts_per_step=16", "algorithm.staleness=1")
         result = simulate(cfg, "async", rollout_devices=1, keep_trace=True, driver=cfg.live_driver())
         first_chunk[name] = next(r["t"] for r in result.cluster.trace if r["reason"] == "chunk 0 done")
-    assert first_chunk["warming"] == pytest.approx(first_chunk["steady"] + 5.0)
-    assert synthetic_profile().model().warmup_seconds("rollout") == 0.0  # older profiles did not measure it
+        first_step[name] = next(r["t"] for r in result.cluster.trace if r["reason"] == "step -> v1")
+    assert first_chunk["warming"] == pytest.approx(first_chunk["steady"])
+    assert first_step["warming"] == pytest.approx(first_step["steady"] + 0.5, abs=0.05)
+    assert synthetic_profile().model().warmup_seconds("train") == 0.0  # older profiles did not measure it
 
 
 def test_the_simulator_slows_decoding_on_a_shared_host_only_while_a_train_step_runs(tmp_path):

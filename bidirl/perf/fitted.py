@@ -120,6 +120,8 @@ class FittedModel:
         return (self.profile.requests or {}).get("per_request_s", 0.0)  # (older profiles: not measured)
 
     def warmup_seconds(self, stage: str) -> float:
+        if stage == "rollout":  # the profile measured it, but the runtime pays it at start-up, before the run's
+            return 0.0  # clock (bidirl.runtime.worker: warm_up_rollout), as a GPU engine's is (the analytic model)
         return (self.profile.warmup or {}).get(f"{stage}_s", 0.0)  # (older profiles: not measured)
 
     def micro_batch_overhead_seconds(self) -> float:

@@ -196,7 +196,8 @@ class Controller:
             ready: List[msg.Ready] = sorted((self.mailbox.next_event() for _ in range(self.devices)),
                                             key=lambda r: r.device)
             say(mapping_table([r.placement for r in ready]))
-            say(f"{self.devices} devices ready (start-up median {median(r.startup_s for r in ready):.1f} s): "
+            say(f"{self.devices} devices ready (start-up median {median(r.startup_s for r in ready):.1f} s, of "
+                f"which the rollout engine's warm-up {median(r.warm_up_s for r in ready):.1f} s): "
                 f"homes {[d.home.value for d in self.cluster.devices]}, policy {self.policy.label}, "
                 f"eta={self.cluster.eta:g}")
             say(f"cost estimates start from: {self.prior_source}")

@@ -205,6 +205,7 @@ class Ready(Reply):
     startup_s: float
     groups_s: float
     placement: str = ""  # where the worker runs: host, rank, accelerator (the start-up mapping table)
+    warm_up_s: float = 0.0  # the rollout engine's first call, made at start-up (part of ``startup_s``)
 
 
 @dataclass
