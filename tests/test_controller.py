@@ -75,3 +75,37 @@ def test_a_chunks_device_seconds_are_counted_once_however_its_groups_were_report
     c.finished(SOURCE, CHUNK, groups(1), 2.5)
     c.finished(SOURCE, CHUNK, groups(2), 4.0)
     assert c.data.seconds[CHUNK] == 4.0 and c.reported[(SOURCE, CHUNK)] == 3
+
+
+def controller_timing_chunks() -> Controller:
+    from bidirl.sched.estimates import MeasuredEstimates
+
+    c = controller_after_a_migrate(0)
+    c.held = {SOURCE: Counter(), TARGET: Counter()}
+    c.chunks_open, c.generated_on, c.split_chunks, c.measured = 0, set(), set(), MeasuredEstimates()
+    return c
+
+
+def chunk_generated(device, chunk, indices, seconds):
+    samples = [s for group in groups(*indices).values() for s in group]
+    return msg.ChunkGenerated(device=device, seconds=seconds, chunk=chunk, samples=samples, version=0)
+
+
+def test_a_devices_first_chunk_is_timed_as_its_warm_up_once_with_every_group_it_reported_as_they_ended():
+    c = controller_timing_chunks()
+    c.held[SOURCE][CHUNK], c.chunks_open = 3, 1
+    c._groups_generated(msg.GroupsGenerated(device=SOURCE, seconds=1.0, chunk=CHUNK,
+                                            samples=[s for g in groups(0, 1).values() for s in g]))
+    c._chunk_generated(chunk_generated(SOURCE, CHUNK, (2,), 2.5))
+    assert c.measured.first_chunks == [(2.5, 3)] and c.chunks_open == 0
+    c.held[SOURCE][CHUNK + 1], c.chunks_open = 3, 1
+    c._chunk_generated(chunk_generated(SOURCE, CHUNK + 1, (0, 1, 2), 1.2))  # (its second: not a warm-up)
+    assert c.measured.first_chunks == [(2.5, 3)] and c.measured.current().chunk_s == 1.2
+
+
+def test_a_first_chunk_split_by_a_migration_times_nothing_but_still_marks_its_device_warm():
+    c = controller_timing_chunks()
+    c.held[SOURCE][CHUNK], c.chunks_open = 2, 1
+    c.split_chunks.add(CHUNK)  # (some of its groups went to another device: neither times the chunk)
+    c._chunk_generated(chunk_generated(SOURCE, CHUNK, (0, 1), 3.0))
+    assert c.measured.first_chunks == [] and SOURCE in c.generated_on
