@@ -102,8 +102,9 @@ class VLLMRolloutEngine(PauseGate):
         try:
             while running:
                 for groups in handover.wanted() if handover is not None else ():
-                    per_group = Counter(ids[request_id][0] for request_id in running)
-                    chosen = choose_groups(per_group, sorted(samples), groups)
+                    # (``unfinished`` counts each held group's requests still running: a group stopped or
+                    # reported is no longer in ``samples``, so its count is never read again)
+                    chosen = choose_groups(unfinished, sorted(samples), groups)
                     stopped = [r for r in running if ids[r][0] in chosen]
                     if stopped:
                         engine.abort_request(stopped)

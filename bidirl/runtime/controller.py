@@ -132,7 +132,8 @@ class Controller:
         # what the cost-aware policies decide with: the prior (a profile of these devices), then what this run measures
         self.prior, self.prior_source = prior
         self.measured = MeasuredEstimates(prior=self.prior or NO_ESTIMATES)
-        # devices that have replied with a chunk: their first one holds the engine's warm-up. (The cluster's
+        # devices that have replied with a chunk: their first one holds what is left of the engine's warm-up
+        # after the worker's own at start-up. (The cluster's
         # ``warmed`` is what the policy sees, applied with the events; this is when a reply is timed.)
         self.generated_on: set = set()
         self.trained_lengths = ResponseLengths()  # what the re-planner reads

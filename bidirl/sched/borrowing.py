@@ -354,8 +354,9 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         alone = cluster.pool_size(Role.TRAIN) == 1  # the primary may go only if no other trainer could
         # (a cold trainer's engine warm-up is not weighed here, unlike in lend_idle_trainers: it is paid once
-        # a run, and gated on it a tail lease would turn on the first chunk's timing -- on the CPU default a
-        # 2 s warm-up beside tails of a tenth of a second would rule it out for good)
+        # a run, and gated on it a tail lease would turn on the first chunk's timing -- with the CPU default's
+        # 2 s warm-up inside the run, beside tails of a tenth of a second, it ruled tail leases out for good.
+        # The live workers now pay that warm-up at start-up: bidirl.runtime.worker, warm_up_rollout)
         for d in cluster.idle(Role.TRAIN):
             if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
                     and d.version == cluster.version:

@@ -84,9 +84,10 @@ class MeasuredEstimates:
         self.seen.add(name)
 
     def chunk(self, seconds: float, groups: int, first: bool = False) -> None:
-        """A chunk of ``groups`` took ``seconds``. ``first``: the device's first of the run, which includes its
-        engine's warm-up (2 s beside 0.13 s per chunk after it, live on this machine's CPU): it is timed
-        apart, as the warm-up, instead of making generation look 15 times dearer than it is."""
+        """A chunk of ``groups`` took ``seconds``. ``first``: the device's first of the run, which includes
+        whatever of its engine's warm-up is left (2 s beside 0.13 s per chunk after it on this machine's CPU
+        while live engines warmed inside the run; about 0.1 s since each worker warms its engine at start-up):
+        it is timed apart, as the warm-up, instead of making generation look dearer than it is."""
         if first:
             self.first_chunks.append((seconds, groups))
             return
