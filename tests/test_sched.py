@@ -431,6 +431,41 @@ def test_bidirl_lends_a_rollout_device_with_nothing_left_to_generate_to_the_runs
     assert any(r["reason"] == f"joins batch {cluster.steps - 1}" and r["device"] == 0 for r in cluster.trace)
 
 
+def run_with_one_chunk_per_batch(policy_name, eta, estimates, lends_ahead=True):
+    """1 rollout / 1 train device, a batch of 8 groups generated as one chunk of 8 (0.8 s), 0.4 s steps."""
+    policy = build_policy(policy_name, estimates, 8)
+    if not lends_ahead:
+        policy.lend_ahead = lambda *args: None
+    cluster = Cluster(policy.homes(2, 1), batch_groups=8, eta=eta, steps=6, chunk_groups=8, streams=True)
+    Simulator(cluster, policy, FixedCosts(generate_per_group=0.1, train_step=0.4, switch_s=0.01)).run()
+    return cluster
+
+
+def test_a_trainer_idle_while_the_pool_starts_its_whole_next_batch_generates_one_chunk_of_the_batch_after():
+    # the first batch is one chunk on the rollout device: before, the trainer waited for it, idle, every run
+    from bidirl.sched.estimates import Estimates
+
+    est = Estimates(generate_group_s=0.1, train_batch_s=0.4, switch_s=0.01, chunk_s=0.8)
+    cluster = run_with_one_chunk_per_batch("bidirl", 1, est)
+    ahead = [r for r in cluster.trace if r["reason"] == "trainer idle: lent ahead of the next batch"]
+    assert [(r["t"], r["device"]) for r in ahead] == [(0.0, 1)]  # at the start only: later a step runs meanwhile
+    assert cluster.chunks[1].device == 1 and (cluster.chunks[1].first, cluster.chunks[1].groups) == (8, 8)
+    first_step = next(r for r in cluster.trace if r["device"] == 1 and r["to"] == "training")
+    assert first_step["t"] == pytest.approx(0.82)  # its chunk ended with batch 0's, plus one switch home
+    assert max(cluster.staleness) <= 1 and cluster.trained_groups == cluster.admitted == 6 * 8
+    waited = run_with_one_chunk_per_batch("bidirl", 1, est, lends_ahead=False)
+    assert cluster.now < waited.now - 0.4  # the run is shorter by about one step that no longer waits
+
+
+@pytest.mark.parametrize("eta,estimates", [(0, "measured"), (1, "none")])
+def test_no_trainer_is_lent_ahead_on_policy_or_before_anything_is_measured(eta, estimates):
+    from bidirl.sched.estimates import Estimates, MeasuredEstimates
+
+    est = Estimates(generate_group_s=0.1, train_batch_s=0.4, switch_s=0.01, chunk_s=0.8)
+    cluster = run_with_one_chunk_per_batch("bidirl", eta, est if estimates == "measured" else MeasuredEstimates())
+    assert not [r for r in cluster.trace if "ahead" in r["reason"]]  # eta 0 admits nothing past the next batch
+
+
 def test_a_lent_devices_gradient_return_is_measured_per_device_and_only_on_steps_that_had_one():
     from bidirl.sched.estimates import Estimates, MeasuredEstimates
 

@@ -143,13 +143,15 @@ def test_short_older_tails_are_consolidated_so_the_devices_they_leave_generate_a
 def test_under_the_live_runtimes_constraints_a_tail_waiting_for_its_load_is_moved_onto_a_lent_trainer():
     # the live runtime loads new weights into a generating device only once its chunk ends: a device
     # decoding older groups with a load queued is a tail holder there; the same policy, driven with the
-    # live driver's capabilities, moves such tails (and the invariants hold)
-    cfg = small("algorithm.staleness=1", "train.steps=12")
+    # live driver's capabilities, moves such tails (and the invariants hold). 30 steps: since idle trainers
+    # are also lent ahead of the next batch (they find work without migration too), what migration adds
+    # is a few percent, and over 12 steps one step's timing could outweigh it (0.98x at seed 0, 1.06x at 1)
+    cfg = small("algorithm.staleness=1", "train.steps=30")
     live = simulate(cfg, "bidirl", rollout_devices=5, driver=LIVE, keep_trace=True)
     cluster = live.cluster
     assert live.migrated_groups > 0 and max(cluster.staleness) <= 1
     assert all(cluster.devices[target].home.value == "train" for _, _, target, _, _ in cluster.migrations)
-    assert cluster.trained_groups == cluster.admitted == 12 * 64 and all(d.role is d.home and d.idle
+    assert cluster.trained_groups == cluster.admitted == 30 * 64 and all(d.role is d.home and d.idle
                                                                          for d in cluster.devices)
     assert live.samples_per_s > simulate(cfg, "bidirl-nomigrate", rollout_devices=5, driver=LIVE).samples_per_s
 

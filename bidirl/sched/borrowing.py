@@ -179,6 +179,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         super().__init__(*args, **kwargs)
         self.step = StepProgress(0.0, 1, 0.0)  # estimate of the step in progress
         self.stream_left = 0  # groups of a streamed step in progress still generating, as last seen
+        self.ahead = {}  # trainer lent ahead (lend_ahead) -> groups past the next batch it may still start
 
     def default_rollout_devices(self, devices: int) -> int:
         if not self.estimates.measured:  # a live run measures as it goes: start from half
@@ -195,6 +196,58 @@ class BidirlPolicy(VerlDynamicPolicy):
         self.join_or_return(cluster, actions)
         if self.train_on_rollout:
             self.lend_blocked_rollout(cluster, actions)
+
+    def fill(self, cluster: Cluster, actions: List[ev.Action]) -> None:
+        """The rollout pool, then trainers lent for the next batch (as ``verl-dynamic``), then a trainer lent
+        ahead: its one chunk of the groups after the next batch; last, whether to lend one ahead now."""
+        before = cluster.admitted
+        super().fill(cluster, actions)
+        for index, groups in list(self.ahead.items()):
+            device = cluster.devices[index]
+            if device.role is not Role.ROLLOUT or self.step_can_start(cluster):
+                del self.ahead[index]  # gone home before it started its chunk, or the step needs it now
+            elif device.idle and self.next_batch_open(cluster) == 0:
+                fill_rollout(cluster, actions, groups, home=Role.TRAIN, until=cluster.admitted + groups)
+                if cluster.inflight[index]:
+                    del self.ahead[index]  # one chunk per lease: it goes home when that chunk ends
+        if self.rollout_on_train:
+            self.lend_ahead(cluster, actions, before)
+
+    def lend_ahead(self, cluster: Cluster, actions: List[ev.Action], before: int) -> None:
+        """Rollout-on-TrainPool past the next batch, at eta >= 1. When the rollout pool has just started the
+        last groups of the batch the train pool needs next, the home trainers have nothing to do until those
+        end -- nothing to train, and nothing of that batch left to generate, so ``lend_idle_trainers`` finds
+        no work for them (it never does where one chunk is a whole batch: then the first batch of every run
+        waited on one device while the trainers idled). One idle trainer is lent for one chunk of the groups
+        after that batch the staleness bound already admits, no bigger than the chunk just started: on an
+        equal engine, with the same weights and task, it ends with that chunk in expectation, so the lease
+        ends when the step needs the trainer -- if that chunk's time beats the two switches (and the
+        trainer's engine warm-up, if any). Nothing measured (a live run without a prior): nothing lent."""
+        if cluster.training is not None or self.step_can_start(cluster) or self.next_batch_open(cluster) > 0 \
+                or cluster.serving[(Role.ROLLOUT, Role.TRAIN)] or self.ahead:
+            return
+        end = min(cluster.version + 1, cluster.steps) * cluster.B  # the next batch's groups end here
+        if not before < end <= cluster.admitted:
+            return  # its last groups did not start now: how long they have left is not known
+        started = [a.groups for a in actions if isinstance(a, ev.Generate)
+                   and cluster.devices[a.device].home is Role.ROLLOUT]
+        est = self.estimates
+        wait = est.lease_s(cluster.chunk_groups) * max(started, default=0) / cluster.chunk_groups
+        for d in cluster.idle(Role.TRAIN):
+            if d.home is not Role.TRAIN or d.after_work or d.version != cluster.version:
+                continue
+            groups = min(max(started, default=0), cluster.chunk_groups, cluster.admissible(d))
+            if groups > 0 and wait > 2 * est.switch_s + self.warm_up_left(cluster, d):
+                self.ahead[d.index] = groups
+                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent ahead of the next batch"))
+            return  # one trainer at a time
+
+    def lease_over(self, cluster: Cluster) -> bool:
+        """As ``verl-dynamic``'s, except for a trainer lent ahead that has not started its chunk yet (its
+        lease is over once the next step can start)."""
+        if self.ahead and not self.step_can_start(cluster):
+            return False
+        return super().lease_over(cluster)
 
     def step_devices(self, cluster: Cluster) -> List:
         """Home trainers (idle, current; those away on a lease join when back, the primary never is)

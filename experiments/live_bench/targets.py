@@ -16,7 +16,10 @@ Workloads, both the project-built tiny model on reasoning-gym arithmetic:
 
 Policies: ``sync`` (colocated, on-policy, both devices; veRL-style), ``async`` (fixed split,
 staleness-bounded; AReaL-style), ``bidirl`` (both lending directions, streamed steps, in-flight
-migration). Each round runs every policy once, in turn, since this machine drifts by up to ~30% over
+migration), its cost estimates starting from a profile of these devices as in ``make demo`` (one
+``bidirl profile`` per workload, before the rounds and outside every run's clock), and
+``bidirl-noprofile``, the same starting from no estimates (it lends nothing until it has measured a
+chunk and a step). Each round runs every policy once, in turn, since this machine drifts by up to ~30% over
 tens of minutes; ratios are taken within a round. Per run: samples/s, each pool's device time by
 category (busy, waiting for data / weights / admission, switching, ...), leases, migrations, streamed
 steps, and the Gantt chart of the last round, copied to ``figures/``. Writes ``targets.json``.
@@ -29,11 +32,12 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 
+from streaming import BIDIRL, live
 from streaming import SETTING as DEFAULT_SETTING
-from streaming import live
 
 HERE = Path(__file__).parent
 COMMON = ("cluster.devices=2", "logging.eval_every=0", "logging.wandb_mode=disabled", "logging.progress=false")
@@ -41,7 +45,11 @@ WORKLOADS = {
     "default": ("pipelines/cpu-tiny.yaml", tuple(DEFAULT_SETTING)),
     "long-tail": ("pipelines/cpu-long.yaml", COMMON),
 }
-POLICIES = ("sync", "async", "bidirl")
+POLICIES = ("sync", "async", "bidirl", "bidirl-noprofile")
+# bidirl as ``make demo`` runs it: its cost estimates start from a profile of these devices (``sim.profile``,
+# taken once per workload before the rounds, outside every run's clock); ``bidirl-noprofile`` starts with
+# none and lends nothing until it has measured a chunk and a step. The other policies use no estimates.
+UNPROFILED = {"bidirl-noprofile": "bidirl"}
 TARGETS = {("default", "async"): 1.3, ("default", "sync"): 1.0, ("long-tail", "async"): 1.3, ("long-tail", "sync"): 1.15}
 
 
@@ -53,11 +61,29 @@ def answer_spread(run_dir: Path) -> tuple:
     return (min(lo), max(hi)) if lo else (None, None)
 
 
+def profile(pipeline: str, setting: tuple, scratch: Path) -> Path:
+    """``bidirl profile`` of the workload's devices and engines; the path of its profile.json."""
+    out = subprocess.run([BIDIRL, "profile", pipeline, *setting, f"output_dir={scratch}"], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"profile of {pipeline} failed: {out.stderr.strip().splitlines()[-1]}")
+    (path,) = scratch.glob("*/profile.json")
+    return path
+
+
+def one_run(root: Path, policy: str, eta: int, steps: int, pipeline: str, setting: tuple, profiled: Path) -> dict:
+    if policy in UNPROFILED:  # (its own folder: live() names a run's folder by the mode it launches)
+        return live(root / policy, UNPROFILED[policy], eta, steps, pipeline, setting)
+    return live(root, policy, eta, steps, pipeline, (*setting, f"sim.profile={profiled}"))
+
+
 def one_workload(name: str, rounds: int, steps: int, eta: int, scratch: Path) -> list:
     pipeline, setting = WORKLOADS[name]
+    profiled = profile(pipeline, setting, scratch / name / "profile")
+    print(f"{name}: profiled in {sum(json.loads(profiled.read_text())['meta']['seconds'].values()):.0f} s", flush=True)
     results = []
     for r in range(rounds):
-        results.append({p: live(scratch / name / f"round{r}", p, eta, steps, pipeline, setting) for p in POLICIES})
+        results.append({p: one_run(scratch / name / f"round{r}", p, eta, steps, pipeline, setting, profiled)
+                        for p in POLICIES})
         print(f"{name} round {r}: " + ", ".join(f"{p} {s['samples_per_s']:.1f}" for p, s in results[-1].items()),
               flush=True)
     figures = HERE / "figures"
