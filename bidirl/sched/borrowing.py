@@ -18,13 +18,15 @@ what an idle device may do:
                     least-loaded replica with the generated tokens kept).
 * ``bidirl``        both directions. Rollout-on-TrainPool as above (lent trainers only generate groups of
                     the batch the train pool needs next, so the lease ends before the pool needs them,
-                    and their samples are fresh). Trainer-on-RollPool: a rollout device idle because
-                    admission blocks it joins the train step when the time saved, T/n - T/(n+k) for the
-                    k blocked devices together (they switch in parallel), beats two switches plus the
-                    gradient transfer; the primary stays the only optimizer. Steps stream: a step
-                    starts on the groups of its batch already done while those it must contain still
-                    generate (at eta 0 the rest of version k, at eta >= 1 the due tail)
-                    (``bidirl-nostream`` waits for the whole batch, for the ablation).
+                    and their samples are fresh -- or, once the pool has started all of that batch, one
+                    chunk of the batch after, sized to end with it: ``lend_ahead``).
+                    Trainer-on-RollPool: a rollout device idle because admission blocks it joins the
+                    train step when the time saved, T/n - T/(n+k) for the k blocked devices together
+                    (they switch in parallel), beats two switches plus the gradient transfer; the
+                    primary stays the only optimizer. Steps stream: a step starts on the groups of
+                    its batch already done while those it must contain still generate (at eta 0 the
+                    rest of version k, at eta >= 1 the due tail) (``bidirl-nostream`` waits for the
+                    whole batch, for the ablation).
 
 Cost/benefit uses :class:`~bidirl.sched.estimates.Estimates` from the policy's provider: the
 performance model (simulator) or measurements of the run itself (live).
@@ -222,7 +224,9 @@ class BidirlPolicy(VerlDynamicPolicy):
         after that batch the staleness bound already admits, no bigger than the chunk just started: on an
         equal engine, with the same weights and task, it ends with that chunk in expectation, so the lease
         ends when the step needs the trainer -- if that chunk's time beats the two switches (and the
-        trainer's engine warm-up, if any). Nothing measured (a live run without a prior): nothing lent."""
+        trainer's engine warm-up, if any). Nothing measured (a live run without a prior): nothing lent.
+        (If older tails await it when it arrives, ``consolidate_tail`` gives it those first, as any trainer
+        lent to rollout; it starts its chunk after them only if the step still cannot start.)"""
         if cluster.training is not None or self.step_can_start(cluster) or self.next_batch_open(cluster) > 0 \
                 or cluster.serving[(Role.ROLLOUT, Role.TRAIN)] or self.ahead:
             return
