@@ -477,7 +477,8 @@ def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
     """For ``bidirl launch``: what the cost-aware policies believe before the run has measured
     anything, and where that comes from -- the profile of these devices (``sim.profile``), or the
     analytic model of ``sim.hardware``/``sim.model`` on an accelerator; none for a CPU without a profile
-    (no analytic model describes it), so such a run lends nothing until it has measured a chunk and a step."""
+    (no analytic model describes it), so such a run lends no trainer before it has measured a chunk, and no
+    rollout device before it has measured a step."""
     if not cfg.sim.profile and cfg.cluster.device_type == "cpu":
         return None, "none (no sim.profile): measured as the run goes"
     return model_estimates(on_live_trainer(cfg)), describe_model(cfg)

@@ -457,6 +457,21 @@ def test_a_trainer_idle_while_the_pool_starts_its_whole_next_batch_generates_one
     assert cluster.now < waited.now - 0.4  # the run is shorter by about one step that no longer waits
 
 
+def test_a_trainer_lent_ahead_goes_home_when_a_step_starts_without_it_instead_of_holding_up_that_step():
+    # device 0 trains but is not the primary (as after re-planning moved a rollout device home to train), so
+    # a step may start while it is away; its chunk was estimated 10x too long, so the pool is done first.
+    # The lease was held open while no *next* step could start -- also while one ran, waiting for it to join
+    from bidirl.sched.estimates import Estimates
+
+    policy = build_policy("bidirl", Estimates(generate_group_s=0.1, train_batch_s=0.4, switch_s=0.2, chunk_s=0.8), 8)
+    cluster = Cluster([Role.TRAIN, Role.TRAIN, Role.ROLLOUT], batch_groups=8, eta=1, steps=4, chunk_groups=8,
+                      primary=1, streams=True)
+    Simulator(cluster, policy, FixedCosts(generate_per_group=0.01, train_step=0.4, switch_s=0.2)).run()
+    assert cluster.version == 4 and any(r["reason"] == "trainer idle: lent ahead of the next batch" and r["device"] == 0
+                                        for r in cluster.trace)
+    assert not policy.ahead and all(d.role is d.home and d.idle for d in cluster.devices)
+
+
 @pytest.mark.parametrize("eta,estimates", [(0, "measured"), (1, "none")])
 def test_no_trainer_is_lent_ahead_on_policy_or_before_anything_is_measured(eta, estimates):
     from bidirl.sched.estimates import Estimates, MeasuredEstimates

@@ -206,14 +206,19 @@ class BidirlPolicy(VerlDynamicPolicy):
         super().fill(cluster, actions)
         for index, groups in list(self.ahead.items()):
             device = cluster.devices[index]
-            if device.role is not Role.ROLLOUT or self.step_can_start(cluster):
-                del self.ahead[index]  # gone home before it started its chunk, or the step needs it now
-            elif device.idle and self.next_batch_open(cluster) == 0:
+            if self.may_start_ahead(cluster, device) and device.idle and self.next_batch_open(cluster) == 0:
                 fill_rollout(cluster, actions, groups, home=Role.TRAIN, until=cluster.admitted + groups)
-                if cluster.inflight[index]:
-                    del self.ahead[index]  # one chunk per lease: it goes home when that chunk ends
+            if not self.may_start_ahead(cluster, device):
+                del self.ahead[index]  # its chunk started (one per lease), or it never will: the lease ends
         if self.rollout_on_train:
             self.lend_ahead(cluster, actions, before)
+
+    def may_start_ahead(self, cluster: Cluster, device: Device) -> bool:
+        """May ``device``, lent ahead, still start its chunk? Not once it has work in flight (its chunk, or
+        tails moved onto it), nor once a step runs or can start (one that started without it, if it is not
+        the primary, waits for it to join), nor while the bound admits nothing more."""
+        return (device.role is Role.ROLLOUT and not cluster.inflight[device.index] and cluster.training is None
+                and not self.step_can_start(cluster) and cluster.admissible(device) > 0)
 
     def lend_ahead(self, cluster: Cluster, actions: List[ev.Action], before: int) -> None:
         """Rollout-on-TrainPool past the next batch, at eta >= 1. When the rollout pool has just started the
@@ -225,8 +230,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         equal engine, with the same weights and task, it ends with that chunk in expectation, so the lease
         ends when the step needs the trainer -- if that chunk's time beats the two switches (and the
         trainer's engine warm-up, if any). Nothing measured (a live run without a prior): nothing lent.
-        (If older tails await it when it arrives, ``consolidate_tail`` gives it those first, as any trainer
-        lent to rollout; it starts its chunk after them only if the step still cannot start.)"""
+        (If older tails await it when it arrives, ``consolidate_tail`` gives it those instead, as any trainer
+        lent to rollout, and its lease ends with them: one piece of work per lease, ``may_start_ahead``.)"""
         if cluster.training is not None or self.step_can_start(cluster) or self.next_batch_open(cluster) > 0 \
                 or cluster.serving[(Role.ROLLOUT, Role.TRAIN)] or self.ahead:
             return
@@ -247,9 +252,8 @@ class BidirlPolicy(VerlDynamicPolicy):
             return  # one trainer at a time
 
     def lease_over(self, cluster: Cluster) -> bool:
-        """As ``verl-dynamic``'s, except for a trainer lent ahead that has not started its chunk yet (its
-        lease is over once the next step can start)."""
-        if self.ahead and not self.step_can_start(cluster):
+        """As ``verl-dynamic``'s, except while a trainer lent ahead may still start its chunk."""
+        if any(self.may_start_ahead(cluster, cluster.devices[i]) for i in self.ahead):
             return False
         return super().lease_over(cluster)
 

@@ -9,8 +9,9 @@ decides; it never receives new numbers from outside. Providers:
 * :class:`MeasuredEstimates` -- moving averages of what a live run measures as it goes, starting
   from a *prior* (the performance model's estimates: a profile of the devices, or the analytic model)
   so that a cost-aware policy can lend from the first step; each figure's first measurement replaces
-  its prior. Without a prior they are zero until measured, and a cost-aware policy lends nothing
-  before it has measured a chunk (after a device's first, which times its engine's warm-up) and a step;
+  its prior. Without a prior they are zero until measured, and a cost-aware policy lends no trainer
+  before it has measured a chunk (after a device's first, which times its engine's warm-up), and no
+  rollout device before it has measured a step;
 * :data:`NO_ESTIMATES` -- for policies that need none.
 """
 

@@ -38,6 +38,12 @@ SETTING = ["cluster.devices=2", "train.prompts_per_step=64", "train.micro_batch_
 POLICIES = ("sync", "async", "bidirl-nostream", "bidirl")
 
 
+def last_line(stderr: str) -> str:
+    """What a failed command said last (its one-line error), or that it said nothing."""
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else "no message on stderr"
+
+
 def live(root: Path, policy: str, eta: int, steps: int, pipeline: str = PIPELINE, setting=tuple(SETTING)) -> dict:
     """One ``bidirl launch`` of ``policy``; its summary, plus the number of streamed steps."""
     runs = root / f"{policy}-eta{eta}"
@@ -46,7 +52,7 @@ def live(root: Path, policy: str, eta: int, steps: int, pipeline: str = PIPELINE
                           f"algorithm.staleness={eta}", f"train.steps={steps}", f"output_dir={runs}"],
                          capture_output=True, text=True)
     if out.returncode:
-        raise SystemExit(f"{policy} eta={eta} failed: {out.stderr.strip().splitlines()[-1]}")
+        raise SystemExit(f"{policy} eta={eta} failed: {last_line(out.stderr)}")
     (summary_path,) = runs.glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
     trace = [json.loads(line) for line in (summary_path.parent / "trace.jsonl").read_text().splitlines()]

@@ -18,11 +18,12 @@ Policies: ``sync`` (colocated, on-policy, both devices; veRL-style), ``async`` (
 staleness-bounded; AReaL-style), ``bidirl`` (both lending directions, streamed steps, in-flight
 migration), its cost estimates starting from a profile of these devices as in ``make demo`` (one
 ``bidirl profile`` per workload, before the rounds and outside every run's clock), and
-``bidirl-noprofile``, the same starting from no estimates (it lends nothing until it has measured a
-chunk and a step). Each round runs every policy once, in turn, since this machine drifts by up to ~30% over
-tens of minutes; ratios are taken within a round. Per run: samples/s, each pool's device time by
-category (busy, waiting for data / weights / admission, switching, ...), leases, migrations, streamed
-steps, and the Gantt chart of the last round, copied to ``figures/``. Writes ``targets.json``.
+``bidirl-noprofile``, the same starting from no estimates (it lends no trainer before it has measured a
+chunk, and no rollout device before it has measured a step). Each round runs every policy once, in
+turn, since this machine drifts by up to ~30% over tens of minutes; ratios are taken within a round. Per
+run: samples/s, each pool's device time by category (busy, waiting for data / weights / admission,
+switching, ...), leases, migrations, streamed steps, and the Gantt chart of the last round, copied to
+``figures/``. Writes ``targets.json``.
 Nothing here is tuned toward a ratio.
 """
 
@@ -36,7 +37,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from streaming import BIDIRL, live
+from streaming import BIDIRL, last_line, live
 from streaming import SETTING as DEFAULT_SETTING
 
 HERE = Path(__file__).parent
@@ -48,7 +49,8 @@ WORKLOADS = {
 POLICIES = ("sync", "async", "bidirl", "bidirl-noprofile")
 # bidirl as ``make demo`` runs it: its cost estimates start from a profile of these devices (``sim.profile``,
 # taken once per workload before the rounds, outside every run's clock); ``bidirl-noprofile`` starts with
-# none and lends nothing until it has measured a chunk and a step. The other policies use no estimates.
+# none: no trainer is lent before a chunk is measured, no rollout device before a step is. The other
+# policies use no estimates.
 UNPROFILED = {"bidirl-noprofile": "bidirl"}
 TARGETS = {("default", "async"): 1.3, ("default", "sync"): 1.0, ("long-tail", "async"): 1.3, ("long-tail", "sync"): 1.15}
 
@@ -65,9 +67,11 @@ def profile(pipeline: str, setting: tuple, scratch: Path) -> Path:
     """``bidirl profile`` of the workload's devices and engines; the path of its profile.json."""
     out = subprocess.run([BIDIRL, "profile", pipeline, *setting, f"output_dir={scratch}"], capture_output=True, text=True)
     if out.returncode:
-        raise SystemExit(f"profile of {pipeline} failed: {out.stderr.strip().splitlines()[-1]}")
-    (path,) = scratch.glob("*/profile.json")
-    return path
+        raise SystemExit(f"profile of {pipeline} failed: {last_line(out.stderr)}")
+    found = list(scratch.glob("*/profile.json"))
+    if len(found) != 1:
+        raise SystemExit(f"profile of {pipeline}: expected one profile.json under {scratch}, found {len(found)}")
+    return found[0]
 
 
 def one_run(root: Path, policy: str, eta: int, steps: int, pipeline: str, setting: tuple, profiled: Path) -> dict:
@@ -152,7 +156,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
             rows += one_workload(name, args.rounds, args.steps, args.eta, Path(scratch))
-    Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+            Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")  # each workload's rows kept as it ends
     print_tables(rows)
 
 
