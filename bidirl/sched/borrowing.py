@@ -232,20 +232,20 @@ class BidirlPolicy(VerlDynamicPolicy):
         trainer's engine warm-up, if any). Nothing measured (a live run without a prior): nothing lent.
         (If older tails await it when it arrives, ``consolidate_tail`` gives it those instead, as any trainer
         lent to rollout, and its lease ends with them: one piece of work per lease, ``may_start_ahead``.)"""
-        if cluster.training is not None or self.step_can_start(cluster) or self.next_batch_open(cluster) > 0 \
-                or cluster.serving[(Role.ROLLOUT, Role.TRAIN)] or self.ahead:
-            return
         end = min(cluster.version + 1, cluster.steps) * cluster.B  # the next batch's groups end here
         if not before < end <= cluster.admitted:
-            return  # its last groups did not start now: how long they have left is not known
-        started = [a.groups for a in actions if isinstance(a, ev.Generate)
-                   and cluster.devices[a.device].home is Role.ROLLOUT]
+            return  # its last groups did not start now (most calls: O(1)), so how long they have left is not known
+        if cluster.training is not None or self.step_can_start(cluster) or cluster.serving[(Role.ROLLOUT, Role.TRAIN)] \
+                or self.ahead:
+            return
+        largest = max((a.groups for a in actions if isinstance(a, ev.Generate)
+                       and cluster.devices[a.device].home is Role.ROLLOUT), default=0)  # the chunk just started
         est = self.estimates
-        wait = est.lease_s(cluster.chunk_groups) * max(started, default=0) / cluster.chunk_groups
+        wait = est.lease_s(cluster.chunk_groups) * largest / cluster.chunk_groups
         for d in cluster.idle(Role.TRAIN):
             if d.home is not Role.TRAIN or d.after_work or d.version != cluster.version:
                 continue
-            groups = min(max(started, default=0), cluster.chunk_groups, cluster.admissible(d))
+            groups = min(largest, cluster.chunk_groups, cluster.admissible(d))
             if groups > 0 and wait > 2 * est.switch_s + self.warm_up_left(cluster, d):
                 self.ahead[d.index] = groups
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent ahead of the next batch"))
