@@ -35,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from streaming import BIDIRL, last_line, live
@@ -65,12 +66,14 @@ def answer_spread(run_dir: Path) -> tuple:
 
 def profile(pipeline: str, setting: tuple, scratch: Path) -> Path:
     """``bidirl profile`` of the workload's devices and engines; the path of its profile.json."""
+    start = time.perf_counter()
     out = subprocess.run([BIDIRL, "profile", pipeline, *setting, f"output_dir={scratch}"], capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"profile of {pipeline} failed: {last_line(out.stderr)}")
     found = list(scratch.glob("*/profile.json"))
     if len(found) != 1:
         raise SystemExit(f"profile of {pipeline}: expected one profile.json under {scratch}, found {len(found)}")
+    print(f"{pipeline}: profiled in {time.perf_counter() - start:.0f} s", flush=True)
     return found[0]
 
 
@@ -83,7 +86,6 @@ def one_run(root: Path, policy: str, eta: int, steps: int, pipeline: str, settin
 def one_workload(name: str, rounds: int, steps: int, eta: int, scratch: Path) -> list:
     pipeline, setting = WORKLOADS[name]
     profiled = profile(pipeline, setting, scratch / name / "profile")
-    print(f"{name}: profiled in {sum(json.loads(profiled.read_text())['meta']['seconds'].values()):.0f} s", flush=True)
     results = []
     for r in range(rounds):
         results.append({p: one_run(scratch / name / f"round{r}", p, eta, steps, pipeline, setting, profiled)
