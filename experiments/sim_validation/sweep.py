@@ -6,8 +6,9 @@ baseline at its best split and in its published configuration.
 For each (workload, eta) row:
   1. every policy that has a split (areal, roll, streamrl, verl-dynamic, verl-async, bidirl) gets its
      best one from the planner (``bidirl.planner.plan``: that policy simulated on candidate splits,
-     seed 0, chunk 8, a short horizon); ``experiments/planner/quality.py`` checks the planner's split
-     against exhaustive search over all 31 for every cell of this table;
+     seed 0, chunk 8, a short horizon), then the best of the 2 splits either side of that pick
+     simulated over the table's own steps (``best_split``); ``experiments/planner/quality.py`` checks
+     the planner's split against exhaustive search over all 31 for every cell of this table;
   2. at that split, each policy runs over 3 seeds x chunk sizes {4, 8, 16}; a cell is the mean;
   3. bidirl's ratio to the best baseline (highest mean) is given as mean [min-max] over the 9
      (seed, chunk) pairs, each pair's ratio taken on the same workload draw.
@@ -27,6 +28,13 @@ old log-prob recompute (as if every baseline's trainer skipped it as bidirl's do
 
 ``--switch`` instead sweeps the one switch cost every switching policy pays (0.5, 1, 2 s) on
 gsm8k and math at eta 0 and 1, at the splits found with the modelled cost.
+
+``--cadence`` instead asks where bidirl's gap to ``verl-async`` comes from: every row with bidirl and
+``verl-async`` at 1, 2 and 4 optimizer updates per weight sync (``algorithm.updates_per_sync``; 4 is the
+published setting, 1 is bidirl's own cadence), each at its own planner split, with the staleness of the
+samples each trains (in optimizer updates, over all 9 runs).
+
+``--no-refine`` takes the planner's split as it is (how the tables before 2026-12-05 evening were made).
 
 ``--instances K`` runs the whole table with coarse instances (``cluster.instance_devices=K``: every
 rollout instance tensor-parallel over K devices, every train group K devices, leases of whole
@@ -67,10 +75,24 @@ def config(workload: str, eta: float, steps: int, seed: int, chunk: int, policy:
         *extra])
 
 
+REFINE = [2]  # splits either side of the planner's pick searched again on the table's horizon (0: none)
+
+
 def best_split(workload, eta, steps, policy, extra=()) -> int:
-    """The planner's split for ``policy`` (the same search ``bidirl plan`` does)."""
-    return plan(config(workload, eta, steps, 0, SEARCH_CHUNK, policy, [f"launch.mode={policy}", *extra]),
-                policy).rollout_devices
+    """``policy``'s best split: the planner's (the same search ``bidirl plan`` does, on its short horizon),
+    then the planner again over the ``REFINE`` splits either side of that pick, each simulated for the
+    table's own ``steps`` (an exhaustive search of the neighbourhood: the issue allows a policy its best
+    split by planner or by exhaustive search). Why: on sharp optima the short horizon can miss by one
+    split; at gsm8k eta 2 it picked 17/15 for bidirl, 1% ahead of 18/14 at 14 steps, where 24 steps and
+    more rank 18/14 first by 6% (``experiments/planner/horizon.py gsm8k 2 bidirl 16,17,18,19 14,24,36``).
+    Every policy with a split gets the same search."""
+    cfg = config(workload, eta, steps, 0, SEARCH_CHUNK, policy, [f"launch.mode={policy}", *extra])
+    first = plan(cfg, policy).rollout_devices
+    if not REFINE[0]:
+        return first
+    k = max(1, cfg.cluster.instance_devices)  # (splits are whole instances)
+    near = list(range(first - REFINE[0] * k, first + REFINE[0] * k + 1, k))
+    return plan(cfg, policy, horizon=steps, splits=near).rollout_devices
 
 
 def runs(workload, eta, steps, policy, split, extra=()) -> Dict[Tuple[int, int], SimResult]:
@@ -119,12 +141,46 @@ def switch_row(args) -> str:
     return f"| {workload} | {eta} | " + " | ".join(cells) + " |"
 
 
+CADENCES = (1, 2, 4)  # verl-async's optimizer updates per weight sync in --cadence
+
+
+def staleness_cell(results: Dict[Tuple[int, int], SimResult]) -> str:
+    """Mean and largest staleness (optimizer updates) of the groups trained over all the runs."""
+    histogram: Dict[int, int] = {}
+    for result in results.values():
+        for staleness, groups in result.staleness.items():
+            histogram[staleness] = histogram.get(staleness, 0) + groups
+    total = sum(histogram.values())
+    return f"{sum(k * n for k, n in histogram.items()) / total:.1f}, max {max(histogram)}"
+
+
+def cadence_row(args) -> str:
+    workload, eta, steps = args
+    arms = {"bidirl": ("bidirl", [])}
+    arms.update({f"u={u}": ("verl-async", [f"algorithm.updates_per_sync={u}"]) for u in CADENCES})
+    results = {}
+    for arm, (policy, extra) in arms.items():
+        split = best_split(workload, eta, steps, policy, extra)
+        results[arm] = runs(workload, eta, steps, policy, split, extra)
+    cells = []
+    for arm, by_run in results.items():
+        mean = statistics.mean(r.samples_per_s for r in by_run.values())
+        any_run = next(iter(by_run.values()))
+        cells.append(f"{mean:.2f} {any_run.rollout_devices}/{DEVICES - any_run.rollout_devices} ({staleness_cell(by_run)})")
+    ratios = {u: [results["bidirl"][key].samples_per_s / results[f"u={u}"][key].samples_per_s for key in results["bidirl"]]
+              for u in (1, 4)}
+    return (f"| {workload} | {eta} | " + " | ".join(cells) + " | " +
+            " | ".join(f"{statistics.mean(r):.2f} [{min(r):.2f}-{max(r):.2f}]" for r in ratios.values()) + " |")
+
+
 def main(argv: List[str]) -> None:
     for flag, key in (("--instances", "cluster.instance_devices"), ("--model", "sim.model")):
         if flag in argv:
             at = argv.index(flag)
             EVERYONE.append(f"{key}={argv[at + 1]}")
             argv = argv[:at] + argv[at + 2:]
+    if "--no-refine" in argv:
+        REFINE[0] = 0
     numbers = [a for a in argv if not a.startswith("--") and ":" not in a]
     steps = int(numbers[0]) if numbers else 60
     processes = int(numbers[1]) if len(numbers) > 1 else 2
@@ -141,6 +197,14 @@ def main(argv: List[str]) -> None:
     rows = [(workload, eta) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
     if "--rows" in argv:  # e.g. --rows gsm8k:2,gsm8k:4: only these rows of the table
         rows = [(w, int(e)) for w, e in (item.split(":") for item in argv[argv.index("--rows") + 1].split(","))]
+    if "--cadence" in argv:
+        print("| workload | eta | bidirl | verl-async u=1 | verl-async u=2 | verl-async u=4 (published) "
+              "| bidirl / u=1 | bidirl / u=4 |  (samples/s, split, staleness in updates: mean, max)")
+        print("|---|---|---|---|---|---|---|---|", flush=True)
+        with Pool(processes) as pool:
+            for line in pool.imap(cadence_row, [(workload, eta, steps) for workload, eta in rows]):
+                print(line, flush=True)
+        return
     if "--no-recompute" in argv:
         EVERYONE.append("sim.recompute_logprob=false")
         rows = [(w, eta) for w in ("gsm8k", "math") for eta in (0, 1)]
