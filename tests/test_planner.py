@@ -486,6 +486,17 @@ def test_the_planning_horizon_adds_eta_steps_where_a_straggler_holds_its_batch_u
     assert steps(2, policy="verl-async") == HORIZON  # count-only staleness: no deadline to hold a batch up
 
 
+def test_a_close_call_on_the_planning_horizon_is_settled_on_twice_that_horizon_unless_a_horizon_is_given():
+    # bidirl at gsm8k eta 2 (the results table's row): on 14 steps 17/15 leads 18/14 by 1%; from 24 steps on,
+    # and over 60 steps and 3 seeds, 18/14 leads by 5-6%
+    cfg = load_config("pipelines/sim-32gpu.yaml", ["algorithm.staleness=2", "train.steps=60", "launch.mode=bidirl"])
+    settled = plan(cfg)
+    assert settled.horizon_steps == 28 and "scored again on 28 steps" in settled.reason
+    assert settled.rollout_devices == 18
+    as_asked = plan(cfg, horizon=14)
+    assert as_asked.horizon_steps == 14 and as_asked.rollout_devices == 17 and "again" not in as_asked.reason
+
+
 class DriftingHost:
     """A neighbour at the edge: records what it is told; the host slows by 10% per timing, and by 20%
     more while the neighbour trains."""

@@ -4,6 +4,7 @@
     .venv/bin/python experiments/planner/quality.py --speed        # one 32-device and one 1024-device plan
     .venv/bin/python experiments/planner/quality.py --instances    # instance size and split chosen together
     .venv/bin/python experiments/planner/quality.py 2 --workloads=reasoning   # some workloads only
+    .venv/bin/python experiments/planner/quality.py 2 --close-calls  # what settling close calls changes (~6 min)
 
 Quality. For every row of the results table (``experiments/sim_validation/sweep.py``'s settings: 32
 H100s, 7B, gsm8k/math/reasoning x eta 0/1/2/4, chunk 8) and every policy that has a partition, the
@@ -15,6 +16,10 @@ ratio of the planner's split to the exhaustive split is the figure the issue ask
 Instances (``--instances``): with ``cluster.instance_devices=0`` the planner chooses the instance size
 (1, 2, 4 or 8 devices) with the split; compared, at eta 1 for ``areal`` and ``bidirl``, with the
 exhaustive best over every (size, split) pair on the planner's objective, both re-scored as above.
+
+Close calls (``--close-calls``): every cell planned twice, with splits within ``CLOSE`` of the best
+settled on twice the horizon (as ``bidirl plan`` does) and without (``CLOSE`` = 0: the best score on the
+short horizon wins), both picks re-scored as above (60 steps, mean of 3 seeds), with each plan's seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from multiprocessing import Pool
 from typing import List
 
+import bidirl.planner as planner
 from bidirl.config import load_config
 from bidirl.planner import plan, planning_config
 from bidirl.sim.run import simulate
@@ -88,6 +94,24 @@ def instance_cell(args) -> str:
             f"{ratio:.3f}{'' if ratio >= 0.98 else ' **miss**'} | {plan_s:.1f} |")
 
 
+def close_call_cell(args) -> str:
+    workload, eta, policy = args
+    picks, seconds, rule = {}, {}, planner.CLOSE
+    try:
+        for label, close in (("without", 0.0), ("with", rule)):
+            planner.CLOSE = close
+            start = time.perf_counter()
+            picks[label] = plan(config(workload, eta, policy)).rollout_devices
+            seconds[label] = time.perf_counter() - start
+    finally:
+        planner.CLOSE = rule
+    scores = {x: seed_mean(workload, eta, policy, x) for x in set(picks.values())}
+    without, with_rule = scores[picks["without"]], scores[picks["with"]]
+    return (f"| {workload} | {eta} | {policy} | {picks['without']}/{DEVICES - picks['without']} | "
+            f"{picks['with']}/{DEVICES - picks['with']} | {without:.2f} | {with_rule:.2f} | {with_rule / without:.3f} | "
+            f"{seconds['without']:.1f} / {seconds['with']:.1f} |")
+
+
 def speed() -> None:
     for devices, steps in ((32, 200), (1024, 100)):  # speed.py's clusters: 16 prompts x 8 per device and step
         cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices,
@@ -103,10 +127,19 @@ def main(argv: List[str]) -> None:
     if "--speed" in argv:
         speed()
         return
-    sizes = "--instances" in argv
+    sizes, close_calls = "--instances" in argv, "--close-calls" in argv
     workloads = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--workloads=")), list(WORKLOADS))
-    argv = [a for a in argv if a != "--instances" and not a.startswith("--workloads=")]
+    argv = [a for a in argv if a not in ("--instances", "--close-calls") and not a.startswith("--workloads=")]
     processes = int(argv[0]) if argv else 2
+    if close_calls:
+        print("| workload | eta | policy | split without | split with | samples/s without | samples/s with | "
+              "with / without | plan s without / with |  (close calls settled on twice the horizon)")
+        print("|---|---|---|---|---|---|---|---|---|", flush=True)
+        with Pool(processes) as pool:
+            for line in pool.imap(close_call_cell, [(w, eta, p) for w in workloads for eta in (0, 1, 2, 4)
+                                                    for p in POLICIES]):
+                print(line, flush=True)
+        return
     print("| workload | eta | policy | planner split | exhaustive split | planner samples/s | exhaustive samples/s | "
           "ratio | plan s |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
