@@ -17,9 +17,11 @@ stage times (``balanced_split``); then a bisection inside the bracket one grid s
 the best grid point (throughput against split rises to one plateau and falls: each
 round simulates the midpoints on either side of the best so far and halves the bracket). A close
 call -- several splits within ``CLOSE`` of the best score -- is settled by simulating those splits
-again on twice the horizon (when the run is that long and no horizon was given): near neighbours can
-swap places on the first steps alone (bidirl at gsm8k eta 2: 17/15 led 18/14 by 1% at 14 steps, 18/14
-leads by 5-6% from 24 steps on). Among splits within ``TIE`` of the best score the one closest to the
+again on twice the horizon (or on the whole run, if shorter; not where no more steps are allowed --
+the run's length, or ``SAMPLE_BUDGET`` -- nor where the caller gave the horizon); the plan then lists
+only those splits, all scored on that horizon. Near neighbours can swap places on the first steps
+alone (bidirl at gsm8k eta 2: 17/15 led 18/14 by 1% at 14 steps, 18/14 leads by 5-6% from 24 steps
+on). Instance sizes (below) are compared on one horizon: the longest any size was planned on. Among splits within ``TIE`` of the best score the one closest to the
 balance point wins: its residual imbalance is the smallest in whole devices, which is what borrowed
 devices absorb.
 
@@ -226,14 +228,12 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
         # by 5-6%, as do 60 steps over 3 seeds). Every split it compares gets the same longer horizon.
         final = dict(zip(contenders, map_in_helpers(functools.partial(
             candidate, longer, policy, workload=workload, driver=driver), contenders)))
-        simulated += len(contenders)
         steps, settled = longer.train.steps, (f"; the {len(contenders)} within {CLOSE:.0%} of the best scored again "
                                                 f"on {longer.train.steps} steps")
         top = max(c.samples_per_s for c in final.values())
     ties = [c for c in final.values() if c.samples_per_s >= (1 - TIE) * top]
     chosen = min(ties, key=lambda c: (abs(c.rollout_devices - balance), -c.samples_per_s))
-    ranked = sorted(final.values(), key=lambda c: -c.samples_per_s) + sorted(
-        (c for x, c in scored.items() if x not in final), key=lambda c: -c.samples_per_s)  # (the rest: short horizon)
+    ranked = sorted(final.values(), key=lambda c: -c.samples_per_s)  # (settled: only what was scored on its horizon)
     reason = (f"{chosen.rollout_devices}/{devices - chosen.rollout_devices} gives the best simulated '{policy}' "
               f"throughput ({chosen.samples_per_s:.3g} samples/s) of {len(scored)} splits scored on "
               f"{describe_model(cfg)}{f' in instances of {k} devices' if k > 1 else ''}; stage-time balance "
@@ -282,6 +282,10 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     policy = policy or cfg.launch.mode
     plans = [plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver)
              for k in fitting_sizes(cfg, policy, check_memory)]
+    # sizes are compared on one horizon: a size whose close call was settled on twice the horizon has the
+    # longer one, and a split scores differently there
+    longest = max(p.horizon_steps for p in plans)
+    plans = [p if p.horizon_steps == longest else rescored(cfg, p, longest, workload, driver) for p in plans]
     top = max(p.predicted_samples_per_s for p in plans)
     chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
     others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
@@ -293,6 +297,19 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     return dataclasses.replace(chosen, alternatives=(chosen.alternatives[:3] + others)[:6], reason=reason,
                                simulated_splits=sum(p.simulated_splits for p in plans),
                                plan_seconds=round(time.perf_counter() - start, 2))
+
+
+def rescored(cfg: PipelineConfig, result: Plan, steps: int, workload: Optional[Workload],
+             driver: Optional[DriverCapabilities]) -> Plan:
+    """``result``'s split simulated again over ``steps``: its prediction and only alternative that score."""
+    sized = with_instances(cfg, result.instance_devices)
+    c = candidate(planning_config(sized, steps, result.policy), result.policy, result.rollout_devices, workload, driver)
+    alternative = {"rollout_devices": c.rollout_devices, "instance_devices": result.instance_devices,
+                   "samples_per_s": round(c.samples_per_s, 4), "step_s": round(c.step_s, 4)}
+    return dataclasses.replace(result, predicted_samples_per_s=round(c.samples_per_s, 4),
+                               predicted_step_s=round(c.step_s, 4), predicted_time_breakdown=c.time_breakdown,
+                               alternatives=[alternative], horizon_steps=steps,
+                               reason=f"{result.reason}; scored again on {steps} steps to compare instance sizes")
 
 
 def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:

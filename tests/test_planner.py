@@ -1,5 +1,6 @@
 """Performance models fitted from profiles, the scheduling-aware planner, and their files."""
 
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -12,7 +13,7 @@ from bidirl.config import load_config
 from bidirl.errors import BidirlError
 from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, least_squares, load_profile
 from bidirl.profiling import CO_RUNNING_PAIRS, DECODE_PASSES, IDLE, LENGTH_BATCHES, TRAIN, paired_slowdown
-from bidirl.planner import fits_memory, load_plan, plan, preflight, write_plan
+from bidirl.planner import fits_memory, load_plan, plan, planning_config, preflight, write_plan
 from bidirl.sim.run import perf_model, simulate
 
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
@@ -495,6 +496,15 @@ def test_a_close_call_on_the_planning_horizon_is_settled_on_twice_that_horizon_u
     assert settled.rollout_devices == 18
     as_asked = plan(cfg, horizon=14)
     assert as_asked.horizon_steps == 14 and as_asked.rollout_devices == 17 and "again" not in as_asked.reason
+    # what a plan lists, and what instance sizes are compared on, is scored on the plan's one horizon (the
+    # one-device plan settles its close call on 28 steps; the other sizes' plans stop at 14)
+    sized = plan(dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=0)))
+    assert sized.horizon_steps == 28 and len({a["instance_devices"] for a in sized.alternatives}) > 1
+    for listed in sized.alternatives:
+        k_cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=listed["instance_devices"]))
+        again = simulate(planning_config(k_cfg, 28, "bidirl"), "bidirl", rollout_devices=listed["rollout_devices"],
+                         with_bound=False)
+        assert again.samples_per_s == pytest.approx(listed["samples_per_s"], abs=1e-3)
 
 
 class DriftingHost:

@@ -31,7 +31,7 @@ gsm8k and math at eta 0 and 1, at the splits found with the modelled cost.
 
 ``--cadence`` instead asks where bidirl's gap to ``verl-async`` comes from: every row with bidirl and
 ``verl-async`` at 1, 2 and 4 optimizer updates per weight sync (``algorithm.updates_per_sync``; 4 is the
-published setting, 1 is bidirl's own cadence), each at its own planner split, with the staleness of the
+published setting, 1 is bidirl's own cadence), each at its own split (``best_split``), with the staleness of the
 samples each trains (in optimizer updates, over all 9 runs).
 
 ``--no-refine`` takes the planner's split as it is (how the tables before 2026-12-05 evening were made).
@@ -81,8 +81,9 @@ REFINE = [2]  # splits either side of the planner's pick searched again on the t
 def best_split(workload, eta, steps, policy, extra=()) -> int:
     """``policy``'s best split: the planner's (the same search ``bidirl plan`` does, on its short horizon),
     then the planner again over the ``REFINE`` splits either side of that pick, each simulated for the
-    table's own ``steps`` (an exhaustive search of the neighbourhood: the issue allows a policy its best
-    split by planner or by exhaustive search). Why: on sharp optima the short horizon can miss by one
+    table's own ``steps`` (at most the planner's ``SAMPLE_BUDGET``: 61 steps of gsm8k's 512 x 8) -- an
+    exhaustive search of the neighbourhood: the issue allows a policy its best split by planner or by
+    exhaustive search. Why: on sharp optima the short horizon can miss by one
     split; at gsm8k eta 2 it picked 17/15 for bidirl, 1% ahead of 18/14 at 14 steps, where 24 steps and
     more rank 18/14 first by 6% (``experiments/planner/horizon.py gsm8k 2 bidirl 16,17,18,19 14,24,36``).
     Every policy with a split gets the same search."""
@@ -197,6 +198,9 @@ def main(argv: List[str]) -> None:
     rows = [(workload, eta) for workload in WORKLOADS for eta in (0, 1, 2, 4)]
     if "--rows" in argv:  # e.g. --rows gsm8k:2,gsm8k:4: only these rows of the table
         rows = [(w, int(e)) for w, e in (item.split(":") for item in argv[argv.index("--rows") + 1].split(","))]
+    if "--no-recompute" in argv:
+        EVERYONE.append("sim.recompute_logprob=false")
+        rows = [(w, eta) for w in ("gsm8k", "math") for eta in (0, 1)]
     if "--cadence" in argv:
         print("| workload | eta | bidirl | verl-async u=1 | verl-async u=2 | verl-async u=4 (published) "
               "| bidirl / u=1 | bidirl / u=4 |  (samples/s, split, staleness in updates: mean, max)")
@@ -205,9 +209,6 @@ def main(argv: List[str]) -> None:
             for line in pool.imap(cadence_row, [(workload, eta, steps) for workload, eta in rows]):
                 print(line, flush=True)
         return
-    if "--no-recompute" in argv:
-        EVERYONE.append("sim.recompute_logprob=false")
-        rows = [(w, eta) for w in ("gsm8k", "math") for eta in (0, 1)]
     header = ["workload", "eta", *(f"{p}" for p in POLICIES), "best baseline", "bidirl / best: mean [min-max]"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)
