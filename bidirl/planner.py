@@ -21,9 +21,9 @@ again on twice the horizon (or on the whole run, if shorter; not where no more s
 the run's length, or ``SAMPLE_BUDGET`` -- nor where the caller gave the horizon); the plan then lists
 only those splits, all scored on that horizon. Near neighbours can swap places on the first steps
 alone (bidirl at gsm8k eta 2: 17/15 led 18/14 by 1% at 14 steps, 18/14 leads by 5-6% from 24 steps
-on). Instance sizes (below) are compared on one horizon: the longest any size was planned on. Among splits within ``TIE`` of the best score the one closest to the
-balance point wins: its residual imbalance is the smallest in whole devices, which is what borrowed
-devices absorb.
+on). Instance sizes (below) are compared on one horizon: the longest any size was planned on. Among
+splits within ``TIE`` of the best score the one closest to the balance point wins: its residual
+imbalance is the smallest in whole devices, which is what borrowed devices absorb.
 
 A cluster of more than ``REPLICA`` devices is planned on a replica of ``REPLICA`` devices with the
 same batch per device: the split and the throughput scale with the cluster (what does not scale

@@ -501,7 +501,8 @@ def test_a_close_call_on_the_planning_horizon_is_settled_on_twice_that_horizon_u
     sized = plan(dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=0)))
     assert sized.horizon_steps == 28 and len({a["instance_devices"] for a in sized.alternatives}) > 1
     for listed in sized.alternatives:
-        k_cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=listed["instance_devices"]))
+        k = listed["instance_devices"]
+        k_cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=k))
         again = simulate(planning_config(k_cfg, 28, "bidirl"), "bidirl", rollout_devices=listed["rollout_devices"],
                          with_bound=False)
         assert again.samples_per_s == pytest.approx(listed["samples_per_s"], abs=1e-3)
