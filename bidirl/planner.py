@@ -283,9 +283,13 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     plans = [plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver)
              for k in fitting_sizes(cfg, policy, check_memory)]
     # sizes are compared on one horizon: a size whose close call was settled on twice the horizon has the
-    # longer one, and a split scores differently there
+    # longer one, and a split scores differently there. The others' picks are planned again on it, alone
+    # (on a replica too, where the cluster is large, as their first plans were)
     longest = max(p.horizon_steps for p in plans)
-    plans = [p if p.horizon_steps == longest else rescored(cfg, p, longest, workload, driver) for p in plans]
+    plans = [p if p.horizon_steps == longest else dataclasses.replace(
+        plan(with_instances(cfg, p.instance_devices), policy, longest, workload, check_memory, driver,
+             splits=[p.rollout_devices]),
+        reason=f"{p.reason}; scored again on {longest} steps to compare instance sizes") for p in plans]
     top = max(p.predicted_samples_per_s for p in plans)
     chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
     others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
@@ -297,19 +301,6 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     return dataclasses.replace(chosen, alternatives=(chosen.alternatives[:3] + others)[:6], reason=reason,
                                simulated_splits=sum(p.simulated_splits for p in plans),
                                plan_seconds=round(time.perf_counter() - start, 2))
-
-
-def rescored(cfg: PipelineConfig, result: Plan, steps: int, workload: Optional[Workload],
-             driver: Optional[DriverCapabilities]) -> Plan:
-    """``result``'s split simulated again over ``steps``: its prediction and only alternative that score."""
-    sized = with_instances(cfg, result.instance_devices)
-    c = candidate(planning_config(sized, steps, result.policy), result.policy, result.rollout_devices, workload, driver)
-    alternative = {"rollout_devices": c.rollout_devices, "instance_devices": result.instance_devices,
-                   "samples_per_s": round(c.samples_per_s, 4), "step_s": round(c.step_s, 4)}
-    return dataclasses.replace(result, predicted_samples_per_s=round(c.samples_per_s, 4),
-                               predicted_step_s=round(c.step_s, 4), predicted_time_breakdown=c.time_breakdown,
-                               alternatives=[alternative], horizon_steps=steps,
-                               reason=f"{result.reason}; scored again on {steps} steps to compare instance sizes")
 
 
 def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:
