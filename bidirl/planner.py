@@ -216,7 +216,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
         return scored[units * k].samples_per_s
 
     search([x // k for x in legal], balance // k, score, score_all)
-    simulated, final = len(scored), scored
+    final = scored
     top = max(c.samples_per_s for c in scored.values())
     contenders = [x for x, c in scored.items() if c.samples_per_s >= (1 - CLOSE) * top]
     longer = planning_config(cfg, 2 * steps, policy)
@@ -240,7 +240,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
               f"point {balance}/{devices - balance}{settled}")
     if chosen.samples_per_s < top:
         reason += f"; within {TIE:.1%} of the best, it is the closest to the balance point"
-    return _plan(cfg, policy, chosen, ranked, reason, steps, simulated, start)
+    return _plan(cfg, policy, chosen, ranked, reason, steps, len(scored), start)
 
 
 def instance_sizes(cfg: PipelineConfig, policy: str) -> List[int]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections import Counter
 from multiprocessing import Pool
 from typing import Dict, List, Tuple
 
@@ -105,13 +106,18 @@ def breakdown(parts) -> str:
     return "/".join(f"{100 * parts[c]:.0f}" for c in CATEGORIES) if parts else "-"
 
 
+def paired_ratio(ours: Dict[Tuple[int, int], SimResult], theirs: Dict[Tuple[int, int], SimResult]) -> str:
+    """``ours`` / ``theirs`` in samples/s, each (seed, chunk) pair on the same workload draw: mean [min-max]."""
+    ratios = [ours[key].samples_per_s / theirs[key].samples_per_s for key in ours]
+    return f"{statistics.mean(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
 def row(args) -> Tuple[str, List[str]]:
     workload, eta, steps = args
     splits = {p: None if p in SPLIT_FREE else best_split(workload, eta, steps, p) for p in POLICIES}
     results = {p: runs(workload, eta, steps, p, splits[p]) for p in POLICIES}
     mean = {p: statistics.mean(r.samples_per_s for r in results[p].values()) for p in POLICIES}
     best = max(BASELINES, key=lambda p: mean[p])
-    ratios = [results["bidirl"][key].samples_per_s / results[best][key].samples_per_s for key in results["bidirl"]]
     cells = []
     for p in POLICIES:
         any_run = next(iter(results[p].values()))
@@ -119,7 +125,7 @@ def row(args) -> Tuple[str, List[str]]:
         split = f" {any_run.rollout_devices}/{DEVICES - any_run.rollout_devices}" if p not in SPLIT_FREE else ""
         cells.append(f"{mean[p]:.2f} ({efficiency:.2f}){split}")
     line = (f"| {workload} | {eta} | " + " | ".join(cells) + f" | {best} | "
-            f"{statistics.mean(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] |")
+            f"{paired_ratio(results['bidirl'], results[best])} |")
     detail = []
     for p in POLICIES:
         one = results[p][(0, SEARCH_CHUNK)]  # seed 0, chunk 8: the breakdown of one representative run
@@ -147,12 +153,8 @@ CADENCES = (1, 2, 4)  # verl-async's optimizer updates per weight sync in --cade
 
 def staleness_cell(results: Dict[Tuple[int, int], SimResult]) -> str:
     """Mean and largest staleness (optimizer updates) of the groups trained over all the runs."""
-    histogram: Dict[int, int] = {}
-    for result in results.values():
-        for staleness, groups in result.staleness.items():
-            histogram[staleness] = histogram.get(staleness, 0) + groups
-    total = sum(histogram.values())
-    return f"{sum(k * n for k, n in histogram.items()) / total:.1f}, max {max(histogram)}"
+    histogram = sum((Counter(result.staleness) for result in results.values()), Counter())
+    return f"{sum(k * n for k, n in histogram.items()) / histogram.total():.1f}, max {max(histogram)}"
 
 
 def cadence_row(args) -> str:
@@ -168,10 +170,8 @@ def cadence_row(args) -> str:
         mean = statistics.mean(r.samples_per_s for r in by_run.values())
         any_run = next(iter(by_run.values()))
         cells.append(f"{mean:.2f} {any_run.rollout_devices}/{DEVICES - any_run.rollout_devices} ({staleness_cell(by_run)})")
-    ratios = {u: [results["bidirl"][key].samples_per_s / results[f"u={u}"][key].samples_per_s for key in results["bidirl"]]
-              for u in (1, 4)}
     return (f"| {workload} | {eta} | " + " | ".join(cells) + " | " +
-            " | ".join(f"{statistics.mean(r):.2f} [{min(r):.2f}-{max(r):.2f}]" for r in ratios.values()) + " |")
+            " | ".join(paired_ratio(results["bidirl"], results[f"u={u}"]) for u in (1, 4)) + " |")
 
 
 def main(argv: List[str]) -> None:
