@@ -103,9 +103,9 @@ def test_a_migration_needs_a_driver_that_can_move_requests_and_weights_no_older_
         cluster.apply(ev.Migrate(0, 1, 1, version=1))
 
 
-def tails_on(sizes):
+def tails_on(sizes, trainers=2, eta=1):
     """Rollout devices decoding older tails of ``sizes`` groups (started at v0) while holding v1 weights."""
-    cluster = Cluster([Role.ROLLOUT] * len(sizes) + [Role.TRAIN, Role.TRAIN], batch_groups=8, eta=1, steps=4,
+    cluster = Cluster([Role.ROLLOUT] * len(sizes) + [Role.TRAIN] * trainers, batch_groups=8, eta=eta, steps=4,
                       chunk_groups=8, inflight_groups=16, allows_migration=True)
     for device, groups in enumerate(sizes):
         cluster.apply(ev.Generate(device, groups))
@@ -127,6 +127,46 @@ def test_older_tails_merge_onto_one_device_only_while_the_merge_barely_slows_the
         assert actions == [ev.Migrate(0, 1, 1, version=0)] and cluster.devices[0].idle and cluster.inflight[1] == 4
     else:  # 4 groups would step 2.5x slower than the 1 alone: both tails stay
         assert actions == [] and cluster.inflight == {0: 1, 1: 3, 2: 0, 3: 0}
+
+
+@pytest.mark.parametrize("per_group_s,step_period,lent", [(0.0001, 100.0, 1), (0.01, 100.0, 2), (0.0001, 0.0, 1),
+                                                          (0.01, 0.0, 0)])
+def test_idle_trainers_take_the_older_tails_over_one_per_tail_that_cannot_merge_where_the_pool_idles_longer_than_a_tail(
+        per_group_s, step_period, lent):
+    from bidirl.sched.estimates import Estimates
+
+    cluster = tails_on([1, 3], trainers=3)
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=per_group_s), 8)
+    policy.step_period = step_period  # steps start this many seconds apart; each takes 1 s of 3 trainers' work
+    actions = []
+    policy.lend_for_tail(cluster, actions)
+    trainers = [a.device for a in actions if isinstance(a, ev.Switch)]
+    assert len(trainers) == lent and cluster.primary not in trainers  # the primary stays for the next step
+    if not lent:  # a busy train pool lends one trainer only for tails that merge onto it, and these do not
+        return
+    for trainer in trainers:
+        cluster.complete(ev.SwitchDone(trainer, Role.ROLLOUT))
+    policy.consolidate_tail(cluster, [])
+    # both rollout devices are free for new groups; the lent trainers decode the tails
+    assert cluster.inflight[0] == cluster.inflight[1] == 0 and all(cluster.inflight[t] for t in trainers)
+    assert sum(cluster.inflight[t] for t in trainers) == 4
+
+
+@pytest.mark.parametrize("step_period,lent", [(0.0, 0), (100.0, 2)])
+def test_trainers_to_spare_also_take_tails_the_next_batch_does_not_await_yet(step_period, lent):
+    from bidirl.sched.estimates import Estimates
+
+    cluster = tails_on([1, 3], trainers=3, eta=2)  # v0 groups at v1: due only for batch 2
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 8)
+    policy.step_period = step_period
+    actions = []
+    policy.lend_for_tail(cluster, actions)
+    trainers = [a.device for a in actions if isinstance(a, ev.Switch)]
+    assert len(trainers) == lent
+    for trainer in trainers:
+        cluster.complete(ev.SwitchDone(trainer, Role.ROLLOUT))
+    policy.consolidate_tail(cluster, [])
+    assert sum(cluster.inflight[t] for t in trainers) == (4 if lent else 0)
 
 
 def test_admission_blocks_work_that_would_exceed_the_staleness_bound():

@@ -19,7 +19,10 @@ what an idle device may do:
 * ``bidirl``        both directions. Rollout-on-TrainPool as above (lent trainers only generate groups of
                     the batch the train pool needs next, so the lease ends before the pool needs them,
                     and their samples are fresh -- or, once the pool has started all of that batch, one
-                    chunk of the batch after, sized to end with it: ``lend_ahead``).
+                    chunk of the batch after, sized to end with it: ``lend_ahead``). Idle trainers also
+                    take over in flight the older tails that keep rollout devices from new groups
+                    (``lend_for_tail``): one trainer for them all, or, where the train pool idles longer
+                    than a tail lasts every step, one per tail that cannot merge.
                     Trainer-on-RollPool: a rollout device idle because admission blocks it joins the
                     train step when the time saved, T/n - T/(n+k) for the k blocked devices together
                     (they switch in parallel), beats two switches plus the gradient transfer; the
@@ -182,6 +185,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         self.step = StepProgress(0.0, 1, 0.0)  # estimate of the step in progress
         self.stream_left = 0  # groups of a streamed step in progress still generating, as last seen
         self.ahead = {}  # trainer lent ahead (lend_ahead) -> groups past the next batch it may still start
+        self.last_step_start, self.step_period = None, 0.0  # (moving average of the time between step starts)
 
     def default_rollout_devices(self, devices: int) -> int:
         if not self.estimates.measured:  # a live run measures as it goes: start from half
@@ -273,6 +277,10 @@ class BidirlPolicy(VerlDynamicPolicy):
         plan = cluster.stream_plan()  # streamed: the groups the step will wait for
         done = cluster.B - (sum(plan.values()) if plan else 0)
         self.step = StepProgress(self.estimates.train_batch_s * done / cluster.B, len(devices), cluster.now)
+        if self.last_step_start is not None:
+            period = cluster.now - self.last_step_start
+            self.step_period = 0.7 * self.step_period + 0.3 * period if self.step_period else period
+        self.last_step_start = cluster.now
         self.stream_left = cluster.B - done
         return devices
 
@@ -354,13 +362,13 @@ class BidirlPolicy(VerlDynamicPolicy):
         return cluster.admission_limit(cluster.weights_next(device)) - cluster.admitted
 
     def consolidate_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """Move the older tails of rollout devices onto one -- a lent trainer serving rollout if there is
-        one (it takes only groups the next batch awaits, so it is back when the step needs it), else the
-        holder with the most groups -- smallest tails first, while it has room and the weights to continue
-        them, so the devices they leave start admissible new groups. Tails merge only while no group's
-        decode step grows past ``MERGE_SLOWDOWN`` of its present one (the decode line at a tail's
-        context: short tails are weight-bound and merge almost for free, long-context ones are not and
-        stay put) -- every older group is awaited by some batch soon."""
+        """Move the older tails of rollout devices onto the trainers lent to rollout, if any are (each takes
+        only groups the next batch awaits, so it is back when the step needs it), else onto the holder with
+        the most groups -- smallest tails first, while the target has room and the weights to continue them,
+        so the devices they leave start admissible new groups. Tails merge only while no group's decode step
+        grows past ``MERGE_SLOWDOWN`` of its present one (the decode line at a tail's context: short tails
+        are weight-bound and merge almost for free, long-context ones are not and stay put, or go to a
+        lent trainer of their own) -- every older group is awaited by some batch soon."""
         if not self.migrating(cluster) or not self.any_admissible_next(cluster):
             return
         holders = self.tail_holders(cluster)
@@ -368,15 +376,29 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         # (a lent trainer the next step could use goes home instead)
         takers = [] if self.step_can_start(cluster) else self.lent_to_rollout(cluster)
-        can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
-        if not takers and (len(holders) < 2 or not can_take):
-            return
-        target = takers[0] if takers else max(can_take, key=lambda d: (cluster.inflight[d.index], -d.index))
+        for taker in takers or [None]:
+            can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
+            if taker is None and (len(holders) < 2 or not can_take):
+                return
+            target = taker or max(can_take, key=lambda d: (cluster.inflight[d.index], -d.index))
+            for d, version, n in self.tail_merge(cluster, target, holders):
+                issue(cluster, actions, ev.Migrate(d.index, target.index, n, version))
+            holders = self.tail_holders(cluster)  # (the next taker: those this one emptied are gone)
+            if not holders:
+                return
+
+    def tail_merge(self, cluster: Cluster, target: Device, holders: List[Device]) -> List:
+        """(holder, version, groups) of the older tails ``target`` takes: the smallest first, while each
+        merge keeps every group's decode step within ``MERGE_SLOWDOWN`` and fits ``target``'s room. A
+        rollout-pool target takes whole tails, and so does a lent trainer where trainers are to spare
+        (``trainers_to_spare``); else a lent trainer takes only the groups due (the next batch's), so that
+        it is back when the step needs it."""
         due, est = cluster.version - cluster.eta, self.estimates
         inflight, by_version = cluster.inflight, cluster.inflight_by_version
-        everything = target.home is Role.ROLLOUT  # a lent trainer takes only the groups due (back for its step)
+        everything = target.home is Role.ROLLOUT or self.trainers_to_spare(cluster)
         merged = inflight[target.index]
         slowest = merged or math.inf  # the smallest decode batch a merge so far would slow down
+        moves = []
         # (the innermost scan of a simulated run, at most events: the cheap tests first, and the groups that
         # would move listed only for a merge that happens)
         for d in sorted(holders, key=lambda d: (inflight[d.index], d.index)):
@@ -389,40 +411,71 @@ class BidirlPolicy(VerlDynamicPolicy):
             smallest = min(slowest, inflight[d.index])
             if est.merged_slowdown(smallest, merged + groups) > self.MERGE_SLOWDOWN:
                 continue
-            for version, n in sorted(versions.items()):
-                if everything or version <= due:
-                    issue(cluster, actions, ev.Migrate(d.index, target.index, n, version))
+            moves += [(d, version, n) for version, n in sorted(versions.items()) if everything or version <= due]
             merged, slowest = merged + groups, smallest
+        return moves
+
+    def trainers_to_spare(self, cluster: Cluster) -> bool:
+        """Does the train pool idle longer than a tail lasts (half a chunk's time alone on a device), every
+        step? Measured: the time between step starts (a moving average) less the step's own work on the
+        pool's trainers. Where it does (a rollout-bound split, as case C's 4 rollout / 12 train), trainers
+        lent to take older tails over are back before the next step needs them, in expectation."""
+        est = self.estimates
+        return self.step_period - est.train_batch_s / cluster.pool_size(Role.TRAIN) > 0.5 * est.lease_s(cluster.chunk_groups)
 
     def lend_for_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """One home trainer (the primary only if it is the train pool's one device), idle while its next
-        batch is not ready, is lent to take over the groups of the rollout pool's older tails that batch
-        awaits, so the devices holding them start new groups -- if none is lent already, merging those
-        groups stays within ``MERGE_SLOWDOWN``, and a tail's expected time left (half a chunk's time
-        alone on a device) beats the two switches the lease costs."""
+        """Home trainers (the primary only if it is the train pool's one device), idle while their next
+        batch is not ready, are lent to take over the rollout pool's older tails, so the devices holding
+        them start new groups -- if a tail's expected time left (half a chunk's time alone on a device)
+        beats the two switches a lease costs. How many, and which tails:
+          * one for the groups of those tails the next batch awaits, if none is lent already and merging
+            them all stays within ``MERGE_SLOWDOWN``;
+          * where trainers are to spare (``trainers_to_spare``), as many as the tails need when merged as
+            ``consolidate_tail`` merges them (a long-context tail that merges with nothing gets a trainer of
+            its own), less those lent already and still without work; and they take whole tails, the next
+            batch's groups or later ones.
+        Only where trainers are to spare more than one: each trainer away holds up the next step's
+        optimizer step until its tail is done, and at a balanced split the next step soon needs every
+        trainer. (With one trainer for all, the rollout-bound case C lent none at eta >= 1: its long-context
+        tails could not merge, and every rollout device spent most of its time decoding its older tail alone
+        while 11 trainers idled.)"""
         if not self.migrating(cluster) or cluster.training is not None or not self.any_admissible_next(cluster) \
                 or self.step_can_start(cluster):
             return
-        if cluster.serving[(Role.ROLLOUT, Role.TRAIN)]:  # a trainer is lent to rollout already
-            return
         holders, due, est = self.tail_holders(cluster), cluster.due_inflight(), self.estimates
-        awaited = [due.get(d.index, 0) for d in holders]
-        if not any(awaited) or all(self.admissible_next(cluster, d) <= 0 for d in holders):
+        spare = self.trainers_to_spare(cluster)
+        awaited = holders if spare else [d for d in holders if due.get(d.index, 0)]
+        if not awaited or all(self.admissible_next(cluster, d) <= 0 for d in holders):
             return
-        smallest = min(n for n in awaited if n)
-        gain = 0.5 * est.lease_s(cluster.chunk_groups) - 2 * est.switch_s  # a tail's time left, less the switches
-        if est.merged_slowdown(smallest, sum(awaited)) > self.MERGE_SLOWDOWN or gain <= 0:
+        if 0.5 * est.lease_s(cluster.chunk_groups) - 2 * est.switch_s <= 0:  # a tail's time left, less the switches
             return
+        if spare:
+            needed = 0
+            while awaited:  # the trainers the tails need: each takes what consolidate_tail would give it
+                moved = {d.index for d, _, _ in self.tail_merge(cluster, cluster.devices[cluster.primary], awaited)}
+                if not moved:
+                    break  # (no tail left fits a trainer's room)
+                awaited, needed = [d for d in awaited if d.index not in moved], needed + 1
+            needed -= sum(1 for d in cluster.lent_to(Role.ROLLOUT)
+                          if d.state is DeviceState.SWITCHING or (d.idle and not cluster.inflight[d.index]))
+        else:  # one lease for all the tails merged
+            sizes = [due[d.index] for d in awaited]
+            if cluster.serving[(Role.ROLLOUT, Role.TRAIN)] or \
+                    est.merged_slowdown(min(sizes), sum(sizes)) > self.MERGE_SLOWDOWN:
+                return
+            needed = 1
         alone = cluster.pool_size(Role.TRAIN) == 1  # the primary may go only if no other trainer could
         # (a cold trainer's engine warm-up is not weighed here, unlike in lend_idle_trainers: it is paid once
         # a run, and gated on it a tail lease would turn on the first chunk's timing -- with the CPU default's
         # 2 s warm-up inside the run, beside tails of a tenth of a second, it ruled tail leases out for good.
         # The live workers now pay that warm-up at start-up: bidirl.runtime.worker, warm_up_rollout)
         for d in cluster.idle(Role.TRAIN):
+            if needed <= 0:
+                return
             if d.home is Role.TRAIN and (d.index != cluster.primary or alone) and not d.after_work \
                     and d.version == cluster.version:
-                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over the older tails"))
-                return
+                issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: takes over older tails"))
+                needed -= 1
 
     def lend_blocked_rollout(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Lend every rollout device that has nothing to start -- admission blocks it, or (the run's last
