@@ -169,6 +169,30 @@ def test_trainers_to_spare_also_take_tails_the_next_batch_does_not_await_yet(ste
     assert sum(cluster.inflight[t] for t in trainers) == (4 if lent else 0)
 
 
+@pytest.mark.parametrize("step_period,lent", [(0.0, 0), (100.0, 1)])
+def test_a_streamed_step_that_would_only_wait_for_its_due_tail_lets_trainers_to_spare_take_that_tail_first(
+        step_period, lent):
+    from bidirl.sched.estimates import Estimates
+
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT] + [Role.TRAIN] * 3, batch_groups=4, eta=1, steps=3, chunk_groups=4,
+                      inflight_groups=8, streams=True, allows_migration=True)
+    cluster.apply(ev.Generate(0, 4))
+    cluster.apply(ev.Generate(1, 4))
+    cluster.complete(ev.ChunkDone(0, 0))
+    cluster.apply(ev.Train((2, 3, 4)))
+    cluster.complete(ev.TrainDone(1))
+    cluster.complete(ev.ChunkDone(1, 1, groups=2))  # device 1 still decodes 2 groups batch 1 must contain
+    for device in cluster.devices:
+        device.version = 1
+    assert not cluster.batch_ready() and cluster.stream_plan() == {0: 2}  # a streamed step could start now
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 4)
+    policy.step_period = step_period
+    actions = []
+    policy.lend_for_tail(cluster, actions)
+    trainers = [a.device for a in actions if isinstance(a, ev.Switch)]
+    assert len(trainers) == lent and cluster.primary not in trainers  # the rest start the step; the lent join later
+
+
 def test_admission_blocks_work_that_would_exceed_the_staleness_bound():
     cluster = Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=0, steps=4, chunk_groups=8)
     rollout = cluster.devices[0]

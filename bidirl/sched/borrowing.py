@@ -375,7 +375,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         if not holders or all(self.admissible_next(cluster, d) <= 0 for d in holders):
             return
         # (a lent trainer the next step could use goes home instead)
-        takers = [] if self.step_can_start(cluster) else self.lent_to_rollout(cluster)
+        takers = [] if self.step_wants_trainers(cluster) else self.lent_to_rollout(cluster)
         for taker in takers or [None]:
             can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
             if taker is None and (len(holders) < 2 or not can_take):
@@ -415,6 +415,16 @@ class BidirlPolicy(VerlDynamicPolicy):
             merged, slowest = merged + groups, smallest
         return moves
 
+    def step_wants_trainers(self, cluster: Cluster) -> bool:
+        """Should idle trainers stay for the next step rather than take tails over? Yes once it can start --
+        except, where trainers are to spare, a streamed step that can start only because its due groups are
+        known: it would wait for them with every trainer idle in it, while trainers lent now decode them
+        (the primary starts it with the rest; the lent ones join it when back). A lone trainer is the
+        primary, and the step cannot start without it: it stays."""
+        if not self.step_can_start(cluster):
+            return False
+        return cluster.batch_ready() or cluster.pool_size(Role.TRAIN) == 1 or not self.trainers_to_spare(cluster)
+
     def trainers_to_spare(self, cluster: Cluster) -> bool:
         """Does the train pool idle longer than a tail lasts (half a chunk's time alone on a device), every
         step? Measured: the time between step starts (a moving average) less the step's own work on the
@@ -440,7 +450,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         tails could not merge, and every rollout device spent most of its time decoding its older tail alone
         while 11 trainers idled.)"""
         if not self.migrating(cluster) or cluster.training is not None or not self.any_admissible_next(cluster) \
-                or self.step_can_start(cluster):
+                or self.step_wants_trainers(cluster):
             return
         holders, due, est = self.tail_holders(cluster), cluster.due_inflight(), self.estimates
         spare = self.trainers_to_spare(cluster)
