@@ -152,11 +152,12 @@ def test_idle_trainers_take_the_older_tails_over_one_per_tail_that_cannot_merge_
     assert sum(cluster.inflight[t] for t in trainers) == 4
 
 
-@pytest.mark.parametrize("step_period,lent", [(0.0, 0), (100.0, 2)])
-def test_trainers_to_spare_also_take_tails_the_next_batch_does_not_await_yet(step_period, lent):
+@pytest.mark.parametrize("trainers,step_period,lent", [(3, 0.0, 0), (3, 100.0, 2), (1, 100.0, 0)])
+def test_trainers_to_spare_also_take_tails_the_next_batch_does_not_await_yet_but_a_lone_primary_never_does(
+        trainers, step_period, lent):
     from bidirl.sched.estimates import Estimates
 
-    cluster = tails_on([1, 3], trainers=3, eta=2)  # v0 groups at v1: due only for batch 2
+    cluster = tails_on([1, 3], trainers=trainers, eta=2)  # v0 groups at v1: due only for batch 2
     policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 8)
     policy.step_period = step_period
     actions = []
@@ -191,6 +192,22 @@ def test_a_streamed_step_that_would_only_wait_for_its_due_tail_lets_trainers_to_
     policy.lend_for_tail(cluster, actions)
     trainers = [a.device for a in actions if isinstance(a, ev.Switch)]
     assert len(trainers) == lent and cluster.primary not in trainers  # the rest start the step; the lent join later
+    if lent:
+        cluster.complete(ev.SwitchDone(trainers[0], Role.ROLLOUT))
+        policy.consolidate_tail(cluster, [])
+        assert cluster.inflight[trainers[0]] == 2 and cluster.inflight[1] == 0  # it took the due tail over
+
+
+def test_where_no_trainer_is_to_spare_only_one_lent_trainer_takes_older_tails_as_before():
+    from bidirl.sched.estimates import Estimates
+
+    cluster = tails_on([1, 3], trainers=3)
+    for trainer in (3, 4):  # lent for some other reason (the next batch's new groups)
+        cluster.apply(ev.Switch(trainer, Role.ROLLOUT, "lent"))
+        cluster.complete(ev.SwitchDone(trainer, Role.ROLLOUT))
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 8)
+    policy.consolidate_tail(cluster, [])
+    assert cluster.inflight[3] == 1 and cluster.inflight[4] == 0 and cluster.inflight[1] == 3
 
 
 def test_admission_blocks_work_that_would_exceed_the_staleness_bound():

@@ -362,13 +362,14 @@ class BidirlPolicy(VerlDynamicPolicy):
         return cluster.admission_limit(cluster.weights_next(device)) - cluster.admitted
 
     def consolidate_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
-        """Move the older tails of rollout devices onto the trainers lent to rollout, if any are (each takes
-        only groups the next batch awaits, so it is back when the step needs it), else onto the holder with
-        the most groups -- smallest tails first, while the target has room and the weights to continue them,
-        so the devices they leave start admissible new groups. Tails merge only while no group's decode step
-        grows past ``MERGE_SLOWDOWN`` of its present one (the decode line at a tail's context: short tails
-        are weight-bound and merge almost for free, long-context ones are not and stay put, or go to a
-        lent trainer of their own) -- every older group is awaited by some batch soon."""
+        """Move the older tails of rollout devices onto a trainer lent to rollout, if one is -- onto each of
+        them where trainers are to spare (``trainers_to_spare``) -- else onto the holder with the most
+        groups: smallest tails first, while the target has room and the weights to continue them, so the
+        devices they leave start admissible new groups. What a target takes is ``tail_merge``'s: tails merge
+        only while no group's decode step grows past ``MERGE_SLOWDOWN`` of its present one (the decode line
+        at a tail's context: short tails are weight-bound and merge almost for free, long-context ones are
+        not and stay put, or go to a lent trainer of their own) -- every older group is awaited by some
+        batch soon."""
         if not self.migrating(cluster) or not self.any_admissible_next(cluster):
             return
         holders = self.tail_holders(cluster)
@@ -376,6 +377,8 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         # (a lent trainer the next step could use goes home instead)
         takers = [] if self.step_wants_trainers(cluster) else self.lent_to_rollout(cluster)
+        if len(takers) > 1 and not self.trainers_to_spare(cluster):
+            takers = takers[:1]
         for taker in takers or [None]:
             can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
             if taker is None and (len(holders) < 2 or not can_take):
@@ -418,20 +421,21 @@ class BidirlPolicy(VerlDynamicPolicy):
     def step_wants_trainers(self, cluster: Cluster) -> bool:
         """Should idle trainers stay for the next step rather than take tails over? Yes once it can start --
         except, where trainers are to spare, a streamed step that can start only because its due groups are
-        known: it would wait for them with every trainer idle in it, while trainers lent now decode them
-        (the primary starts it with the rest; the lent ones join it when back). A lone trainer is the
-        primary, and the step cannot start without it: it stays."""
+        known: it would wait for them with every trainer idle in it. Trainers lent now take the older tails
+        over (among them the due groups it waits for); the primary starts it with the rest, and the lent
+        ones join it when back."""
         if not self.step_can_start(cluster):
             return False
-        return cluster.batch_ready() or cluster.pool_size(Role.TRAIN) == 1 or not self.trainers_to_spare(cluster)
+        return cluster.batch_ready() or not self.trainers_to_spare(cluster)
 
     def trainers_to_spare(self, cluster: Cluster) -> bool:
         """Does the train pool idle longer than a tail lasts (half a chunk's time alone on a device), every
         step? Measured: the time between step starts (a moving average) less the step's own work on the
         pool's trainers. Where it does (a rollout-bound split, as case C's 4 rollout / 12 train), trainers
-        lent to take older tails over are back before the next step needs them, in expectation."""
-        est = self.estimates
-        return self.step_period - est.train_batch_s / cluster.pool_size(Role.TRAIN) > 0.5 * est.lease_s(cluster.chunk_groups)
+        lent to take older tails over are back before the next step needs them, in expectation. Never for
+        a train pool of one: that trainer is the primary, and no step starts without it."""
+        est, trainers = self.estimates, cluster.pool_size(Role.TRAIN)
+        return trainers > 1 and self.step_period - est.train_batch_s / trainers > 0.5 * est.lease_s(cluster.chunk_groups)
 
     def lend_for_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Home trainers (the primary only if it is the train pool's one device), idle while their next
@@ -449,8 +453,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         trainer. (With one trainer for all, the rollout-bound case C lent none at eta >= 1: its long-context
         tails could not merge, and every rollout device spent most of its time decoding its older tail alone
         while 11 trainers idled.)"""
-        if not self.migrating(cluster) or cluster.training is not None or not self.any_admissible_next(cluster) \
-                or self.step_wants_trainers(cluster):
+        if not self.migrating(cluster) or cluster.training is not None or not cluster.idle_sets[Role.TRAIN] \
+                or not self.any_admissible_next(cluster) or self.step_wants_trainers(cluster):
             return
         holders, due, est = self.tail_holders(cluster), cluster.due_inflight(), self.estimates
         spare = self.trainers_to_spare(cluster)
