@@ -377,28 +377,29 @@ class BidirlPolicy(VerlDynamicPolicy):
             return
         # (a lent trainer the next step could use goes home instead)
         takers = [] if self.step_wants_trainers(cluster) else self.lent_to_rollout(cluster)
-        if len(takers) > 1 and not self.trainers_to_spare(cluster):
+        spare = bool(takers) and self.trainers_to_spare(cluster)
+        if len(takers) > 1 and not spare:
             takers = takers[:1]
         for taker in takers or [None]:
             can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
             if taker is None and (len(holders) < 2 or not can_take):
                 return
             target = taker or max(can_take, key=lambda d: (cluster.inflight[d.index], -d.index))
-            for d, version, n in self.tail_merge(cluster, target, holders):
+            for d, version, n in self.tail_merge(cluster, target, holders, spare):
                 issue(cluster, actions, ev.Migrate(d.index, target.index, n, version))
             holders = self.tail_holders(cluster)  # (the next taker: those this one emptied are gone)
             if not holders:
                 return
 
-    def tail_merge(self, cluster: Cluster, target: Device, holders: List[Device]) -> List:
+    def tail_merge(self, cluster: Cluster, target: Device, holders: List[Device], spare: bool) -> List:
         """(holder, version, groups) of the older tails ``target`` takes: the smallest first, while each
         merge keeps every group's decode step within ``MERGE_SLOWDOWN`` and fits ``target``'s room. A
-        rollout-pool target takes whole tails, and so does a lent trainer where trainers are to spare
-        (``trainers_to_spare``); else a lent trainer takes only the groups due (the next batch's), so that
-        it is back when the step needs it."""
+        rollout-pool target takes whole tails, and so does a lent trainer where trainers are to ``spare``
+        (``trainers_to_spare``, as the caller found); else a lent trainer takes only the groups due (the
+        next batch's), so that it is back when the step needs it."""
         due, est = cluster.version - cluster.eta, self.estimates
         inflight, by_version = cluster.inflight, cluster.inflight_by_version
-        everything = target.home is Role.ROLLOUT or self.trainers_to_spare(cluster)
+        everything = spare or target.home is Role.ROLLOUT
         merged = inflight[target.index]
         slowest = merged or math.inf  # the smallest decode batch a merge so far would slow down
         moves = []
@@ -424,9 +425,9 @@ class BidirlPolicy(VerlDynamicPolicy):
         known: it would wait for them with every trainer idle in it. Trainers lent now take the older tails
         over (among them the due groups it waits for); the primary starts it with the rest, and the lent
         ones join it when back."""
-        if not self.step_can_start(cluster):
-            return False
-        return cluster.batch_ready() or not self.trainers_to_spare(cluster)
+        if cluster.training is not None:
+            return False  # (step_can_start, with batch_ready asked once)
+        return cluster.batch_ready() or (not self.trainers_to_spare(cluster) and cluster.stream_ready())
 
     def trainers_to_spare(self, cluster: Cluster) -> bool:
         """Does the train pool idle longer than a tail lasts (half a chunk's time alone on a device), every
@@ -466,7 +467,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         if spare:
             needed = 0
             while awaited:  # the trainers the tails need: each takes what consolidate_tail would give it
-                moved = {d.index for d, _, _ in self.tail_merge(cluster, cluster.devices[cluster.primary], awaited)}
+                moved = {d.index for d, _, _ in self.tail_merge(cluster, cluster.devices[cluster.primary], awaited,
+                                                                   spare)}
                 if not moved:
                     break  # (no tail left fits a trainer's room)
                 awaited, needed = [d for d in awaited if d.index not in moved], needed + 1
