@@ -36,14 +36,27 @@ def cell(args) -> Tuple[Tuple[str, float, int, str], float]:
     return (workload, eta, split, arm), statistics.mean(runs)
 
 
+USAGE = "usage: splits.py [steps] [processes] [--etas 1,4]"
+
+
+def bad_input(why: str) -> None:
+    print(f"splits.py: {why}; {USAGE}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv: List[str]) -> None:
-    etas = [1, 4]
-    if "--etas" in argv:
-        at = argv.index("--etas")
-        etas = [float(e) if "." in e else int(e) for e in argv[at + 1].split(",")]
-        argv = argv[:at] + argv[at + 2:]
-    steps = int(argv[0]) if argv else 60
-    processes = int(argv[1]) if len(argv) > 1 else 2
+    etas: List[float] = [1, 4]
+    try:
+        if "--etas" in argv:
+            at = argv.index("--etas")
+            etas = [float(e) if "." in e else int(e) for e in argv[at + 1].split(",")]
+            argv = argv[:at] + argv[at + 2:]
+        steps = int(argv[0]) if argv else 60
+        processes = int(argv[1]) if len(argv) > 1 else 2
+    except (IndexError, ValueError):
+        bad_input(f"cannot read the arguments {' '.join(sys.argv[1:])!r}")
+    if steps < 1 or processes < 1 or any(eta < 0 for eta in etas):
+        bad_input("steps and processes must be at least 1 and every eta at least 0")
     jobs = [(w, eta, split, arm, steps) for w in WORKLOADS for eta in etas for split in SPLITS for arm in ARMS]
     with Pool(processes) as pool:
         mean: Dict[Tuple[str, float, int, str], float] = dict(pool.imap(cell, jobs))
