@@ -39,6 +39,15 @@ def test_instance_finishes_short_sequences_first_and_the_tail_runs_alone():
     assert instance.clock == pytest.approx(10 * (0.01 + 0.002) + 90 * (0.01 + 0.001))
 
 
+def test_an_instance_reports_the_decode_batch_it_ran_at_averaged_over_its_decoding_time():
+    instance = Instance(step_a=0.01, step_b=0.001, capacity=100, prefill_s_per_seq=0.0)
+    instance.admit(0.0, chunk=0, lengths=[10, 100])
+    drain(instance)
+    two, alone = 10 * (0.01 + 0.002), 90 * (0.01 + 0.001)  # 10 steps at batch 2, then 90 alone
+    assert instance.busy_s == pytest.approx(two + alone)
+    assert instance.batch_s / instance.busy_s == pytest.approx((2 * two + alone) / (two + alone))
+
+
 def test_instance_queues_beyond_kv_capacity_and_a_pause_delays_everything():
     free = Instance(0.01, 0.0, capacity=1, prefill_s_per_seq=0.0)
     free.admit(0.0, 0, [10, 10])
@@ -202,6 +211,34 @@ def test_the_bound_is_the_same_for_every_policy_and_no_policy_beats_it():
     results = [simulate(small("algorithm.staleness=0"), p) for p in ("verl", "areal", "roll", "bidirl")]
     assert len({r.bound_step_s for r in results}) == 1
     assert all(r.bound_step_s < r.step_s for r in results)
+
+
+def test_a_wider_staleness_window_decodes_at_a_fuller_batch_whose_tokens_cost_less():
+    runs = [simulate(small(f"algorithm.staleness={eta}"), "areal") for eta in (0, 1, 4)]
+    batches = [r.decode_batch for r in runs]
+    assert batches == sorted(batches) and batches[0] < batches[2]
+    assert all(1 <= r.decode_batch <= r.decode_capacity for r in runs)
+    assert runs[0].decode_token_cost > runs[2].decode_token_cost > 1  # against the bound's saturated decode
+
+
+def test_every_policy_does_the_same_gradient_work_but_for_the_log_prob_recompute_it_is_charged():
+    runs = {p: simulate(small("algorithm.staleness=1"), p) for p in ("verl", "areal", "bidirl", "verl-async")}
+    assert runs["verl"].train_work_s == pytest.approx(runs["areal"].train_work_s)  # both recompute
+    assert runs["bidirl"].train_work_s == pytest.approx(runs["verl-async"].train_work_s)  # neither does
+    assert runs["areal"].train_work_s == pytest.approx(runs["bidirl"].train_work_s * 8 / 6)  # + a 2N forward on 6N
+
+
+def test_trainer_on_rollpool_adds_no_more_than_its_ceiling_in_the_rfc_ablation():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "sim_validation"))
+    from validate import tor_ceiling
+
+    cfg = load_config("pipelines/sim-32gpu.yaml", [
+        "cluster.devices=16", "sim.workload=math", "train.prompts_per_step=60", "rollout.group_size=8",
+        "train.steps=30", "algorithm.staleness=0", "launch.chunk_groups=4", "sim.recompute_logprob=true"])
+    rot = simulate(cfg, "bidirl-rot", rollout_devices=4, keep_trace=True)
+    both = simulate(cfg, "bidirl", rollout_devices=4)
+    ceiling = tor_ceiling(rot, lendable=4)
+    assert 1 < both.samples_per_s / rot.samples_per_s <= ceiling
 
 
 def test_the_bound_reads_the_groups_a_simulation_drew_and_gets_what_drawing_them_again_gives():

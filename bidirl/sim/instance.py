@@ -42,6 +42,7 @@ class Instance:
         self.done: List[Group] = []  # groups completed since the last finish_due
         self.epoch = 0  # bumped whenever the next completion time may have changed
         self.busy_s = 0.0  # time with at least one running sequence
+        self.batch_s = 0.0  # sequence-seconds decoded: batch_s / busy_s is the decode batch, averaged over time
         self.seq = itertools.count()
         self.slowdown = 1.0
 
@@ -66,7 +67,7 @@ class Instance:
         t = self.clock if self.clock >= self.paused_until else self.paused_until
         running = self.running  # (the same list: ``_join_waiting`` inserts into it in place)
         step_a, step_b, slowdown, left, done = self.step_a, self.step_b, self.slowdown, self.left, self.done
-        busy, progress = self.busy_s, self.progress
+        busy, batch, progress = self.busy_s, self.batch_s, self.progress
         # (``<=``: a finish less than one rounding step after the clock is due now, and its tick is at now)
         while t <= now and running:
             finish = running[0][0]
@@ -75,9 +76,11 @@ class Instance:
             if reach > now:
                 progress = self.progress = progress + (now - t) / step
                 busy += now - t
+                batch += (now - t) * len(running)
                 t = now
                 break
             busy += reach - t
+            batch += (reach - t) * len(running)
             t = reach
             if finish > progress:  # progress = max(progress, finish)
                 progress = self.progress = finish
@@ -101,7 +104,7 @@ class Instance:
                 self._join_waiting(t)
                 if self.paused_until > t:
                     t = self.paused_until
-        self.busy_s = busy
+        self.busy_s, self.batch_s = busy, batch
         if now > self.clock:
             self.clock = now
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.perf.analytic import HARDWARE, MODELS, PerfModel
@@ -48,6 +48,13 @@ class SimResult:
     instance_devices: int = 1  # devices per rollout instance / train group
     migrated_groups: int = 0  # prompt groups moved in flight to another device (Migrate)
     recomputed_logprob: bool = False  # its trainer was charged an old/proximal log-prob forward (recomputes_logprob)
+    train_work_s: float = 0.0  # device-seconds of gradient work over the run (every batch's, however shared)
+    # what decoding ran at: the decode batch (sequences) averaged over every instance's decoding time; the
+    # KV capacity the bound's saturated decode assumes (costs.step_bound); and what a token costs at that
+    # batch over what it costs at capacity (the decode line: (a + b * batch) / batch over (a + b * cap) / cap)
+    decode_batch: float = 0.0
+    decode_capacity: int = 0
+    decode_token_cost: float = 0.0
 
     @property
     def split(self) -> str:
@@ -68,6 +75,8 @@ class SimResult:
                 "time_breakdown": self.time_breakdown,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches,
                 "leases": self.leases, "recomputed_logprob": self.recomputed_logprob,
+                "decode_batch": round(self.decode_batch, 1), "decode_capacity": self.decode_capacity,
+                "decode_token_cost": round(self.decode_token_cost, 2),
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
@@ -212,7 +221,21 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      cluster if keep_trace else None,
                      steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
                      sum(groups for _, _, _, groups, _ in cluster.migrations),
-                     not cfg.sim.profile and recomputes_logprob(cfg, policy_name))
+                     not cfg.sim.profile and recomputes_logprob(cfg, policy_name), costs.train_device_s * k,
+                     *decode_batch(simulator))
+
+
+def decode_batch(simulator: Simulator) -> Tuple[float, int, float]:
+    """(mean decode batch, KV capacity, token cost at that batch over at capacity) of a run's rollout
+    engines: sequences decoding together, averaged over all the time any instance decoded; zeros where the
+    costs have no continuous batching or nothing decoded."""
+    instances = list((simulator.instances or {}).values())
+    busy = sum(i.busy_s for i in instances)
+    if not busy:
+        return 0.0, 0, 0.0
+    batch, one = sum(i.batch_s for i in instances) / busy, instances[0]
+    per_token = lambda b: (one.step_a + one.step_b * b) / b  # noqa: E731
+    return batch, one.capacity, per_token(batch) / per_token(one.capacity)
 
 
 def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[str, float]]:

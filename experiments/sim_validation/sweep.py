@@ -131,7 +131,8 @@ def row(args) -> Tuple[str, List[str]]:
         one = results[p][(0, SEARCH_CHUNK)]  # seed 0, chunk 8: the breakdown of one representative run
         detail.append(f"| {workload} | {eta} | {p} | {one.rollout_devices}/{DEVICES - one.rollout_devices} | "
                       f"{one.samples_per_s:.2f} | {one.step_s:.2f} | {one.bound_step_s:.2f} | {one.efficiency:.2f} | "
-                      f"{breakdown(one.time_breakdown.get('rollout'))} | {breakdown(one.time_breakdown.get('train'))} |")
+                      f"{breakdown(one.time_breakdown.get('rollout'))} | {breakdown(one.time_breakdown.get('train'))} | "
+                      f"{one.decode_batch:.0f} / {one.decode_capacity} ({one.decode_token_cost:.1f}x) |")
     return line, detail
 
 
@@ -220,8 +221,9 @@ def main(argv: List[str]) -> None:
             details += detail
     print("\nDevice-time by cause (seed 0, chunk 8), per pool: busy / tail / admission / switching / draining / "
           "syncing / no reason, %\n")
-    print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | rollout pool | train pool |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | rollout pool | train pool | "
+          "decode batch / capacity (token cost over saturated) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(details))
 
 
