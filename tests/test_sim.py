@@ -241,6 +241,26 @@ def test_trainer_on_rollpool_adds_no_more_than_its_ceiling_in_the_rfc_ablation()
     assert 1 < both.samples_per_s / rot.samples_per_s <= ceiling
 
 
+def test_the_window_bound_decodes_every_token_at_the_fullest_batch_the_window_allows():
+    from bidirl.sim.costs import window_bound
+
+    instance = Instance(step_a=0.01, step_b=0.001, capacity=50, prefill_s_per_seq=0.0)
+    tokens = [(1000.0, 0.0, 0.0, 0.0, 0.0)]  # one step: 1000 tokens, no prefill, no training
+    assert window_bound(instance, tokens, devices=1, sequences=1) == pytest.approx(1000 * 0.011)  # one at a time
+    assert window_bound(instance, tokens, devices=2, sequences=2) == pytest.approx(1000 * 0.011 / 2)  # one each
+    assert window_bound(instance, tokens, devices=1, sequences=10**6) == pytest.approx(1000 * (0.01 + 0.05) / 50)
+    trained = [(1000.0, 0.0, 5.0, 0.0, 0.0)]  # 5 device-seconds of training take that long from decoding
+    assert window_bound(instance, trained, devices=1, sequences=1) == pytest.approx(1000 * 0.011 + 5.0)
+
+
+@pytest.mark.parametrize("workload", ["gsm8k", "math", "reasoning"])
+def test_no_policy_beats_the_bound_of_its_admission_window_which_is_the_same_for_all(workload):
+    runs = [simulate(small("algorithm.staleness=1", f"sim.workload={workload}"), p)
+            for p in ("areal", "roll", "verl-dynamic", "verl-async", "bidirl")]
+    assert len({r.window_bound_s for r in runs}) == 1  # (eta + 1) B groups in flight, whoever schedules them
+    assert all(r.bound_step_s <= r.window_bound_s < r.step_s for r in runs)
+
+
 def test_the_bound_reads_the_groups_a_simulation_drew_and_gets_what_drawing_them_again_gives():
     from bidirl.perf.workload import preset
     from bidirl.sched.cluster import Chunk

@@ -171,7 +171,8 @@ def generation_seconds(perf: PerfModel, workload: Workload, lengths: List[int], 
 
 
 def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, steps: int,
-               devices: int, seed: int, eta: float, drawn: Optional[DrawnGroups] = None) -> float:
+               devices: int, seed: int, eta: float, drawn: Optional[DrawnGroups] = None,
+               window_groups: int = 0) -> float:
     """A lower bound on the mean step time that no policy can beat, and that no policy can move.
 
     Per step k (groups kB .. kB+B-1, drawn as every policy draws them), the larger of
@@ -185,13 +186,35 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
     thinly does not get a kinder bound. (Lengths drift with the version a group is generated at; the
     work term draws them at the earliest version any policy within the staleness bound could use.)
     ``drawn``: the groups a simulation of this workload and seed drew already; those drawn at the same
-    mean are read, not drawn again (the same numbers: the draws depend only on seed and group)."""
+    mean are read, not drawn again (the same numbers: the draws depend only on seed and group).
+
+    ``window_groups`` > 0: the bound for a policy that never has more than that many groups in flight
+    (every policy here: the admission rule holds ``floor((eta + 1) * u * B)``, u updates per sync), which
+    caps how full decoding can be -- the larger of the bound above and :func:`window_bound`'s."""
+    steps_work = bound_work(perf, workload, group_size, batch_groups, steps, devices, seed, eta, drawn)
+    return bound_of(make_instance(perf, workload), steps_work, devices, window_groups * group_size)
+
+
+def bound_of(instance: Instance, steps_work: List[Tuple[float, ...]], devices: int, window_sequences: int = 0) -> float:
+    """:func:`step_bound` from its per-step work (``bound_work``): the work term or the tail, step by step,
+    and, given a window of ``window_sequences`` in flight, at least :func:`window_bound`'s."""
+    bound = sum(max(saturated_work / devices, tail) for _, _, _, saturated_work, tail in steps_work) / len(steps_work)
+    if window_sequences:
+        bound = max(bound, window_bound(instance, steps_work, devices, window_sequences) / len(steps_work))
+    return bound
+
+
+def bound_work(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, steps: int, devices: int,
+               seed: int, eta: float, drawn: Optional[DrawnGroups] = None) -> List[Tuple[float, ...]]:
+    """Per step of :func:`step_bound`: (tokens generated, prefill device-seconds, training device-seconds at
+    the cheapest -- no log-prob recompute --, all of the step's work in device-seconds with decoding
+    saturated, and the on-policy tail: 0 where eta > 0)."""
     instance, draws = make_instance(perf, workload), GroupDraws(seed, group_size)
     saturated = instance.step_time(instance.capacity) / instance.capacity  # seconds per token at full batch
     prompt, on_policy, lag = workload.prompt_tokens, eta == 0, math.ceil(eta) + 1
-    total = 0.0
+    out = []
     for k in range(steps):
-        gen = train_tokens = 0.0
+        gen = train_tokens = tokens_generated = 0.0
         tail = 0.0
         version = k if on_policy else max(0, k - lag)
         mean = workload.mean_at(version, steps)
@@ -203,15 +226,48 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
             generated, longest = known
             tokens = generated + prompt * group_size
             gen += generated * saturated + group_size * instance.prefill
+            tokens_generated += generated
             train_tokens += tokens
             if on_policy:
                 alone = longest * instance.step_time(1) + instance.prefill
                 tail = max(tail, alone + perf.train_compute_seconds(tokens * workload.informative,
                                                                     recompute_logprob=False) / devices)
-        trained = train_tokens * workload.informative
-        work = (gen + perf.train_compute_seconds(trained, recompute_logprob=False)) / devices
-        total += max(work, tail)
-    return total / steps
+        train = perf.train_compute_seconds(train_tokens * workload.informative, recompute_logprob=False)
+        out.append((tokens_generated, batch_groups * group_size * instance.prefill, train, gen + train, tail))
+    return out
+
+
+def window_bound(instance: Instance, steps_work: List[Tuple[float, ...]], devices: int, sequences: int) -> float:
+    """The least time in which ``devices`` instances can do ``steps_work`` (``bound_work``) if no more than
+    ``sequences`` sequences ever decode at once -- the admission window's cap on how full decoding gets.
+
+    Why it holds: a decode step of b sequences takes at least a + c b (the decode line; slowed down, more),
+    so an instance decodes at most f(b) = b / (a + c b) tokens a second, f concave, flat past the KV
+    capacity. At any instant, d instances decoding n <= ``sequences`` between them make at most d f(n / d)
+    (Jensen); over a run of T seconds whose decode instance-time is X, at most X f(N T / X) (the same, for
+    the perspective of f, which is concave; where X < T, X f(N): a decoding instance never holds more
+    than N, so between none and one instance the rate grows at most linearly). The instance-time left for
+    decoding is at most devices * T - prefill - training, and X f(N T / X) grows with X and T; so T is the
+    least time at which that much decoding makes every token (bisection). Re-prefill after a load or a
+    migration, switches and waiting are left out, as in the saturated bound."""
+    a, c, cap = instance.step_a, instance.step_b, instance.capacity
+    tokens = sum(w[0] for w in steps_work)
+    other = sum(w[1] + w[2] for w in steps_work)
+
+    def made(seconds: float) -> float:  # the most tokens ``seconds`` of the whole cluster can decode
+        decoding = devices * seconds - other
+        if decoding <= 0:
+            return 0.0
+        batch = min(cap, sequences, sequences * seconds / decoding)  # (less than one instance on average: <= N)
+        return decoding * batch / (a + c * batch)
+
+    low, high = 0.0, max(1.0, other / devices)
+    while made(high) < tokens:
+        high *= 2
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if made(mid) < tokens else (low, mid)
+    return high
 
 
 def estimates(perf: PerfModel, workload: Workload, group_size: int, batch_groups: int, devices: int,

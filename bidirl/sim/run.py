@@ -22,7 +22,7 @@ from bidirl.sched.estimates import Estimates
 from bidirl.sched.policy import POLICIES
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
 from bidirl.sched.trace import charge_stream_wait, pool_idle_ratio, steady_step_s, time_breakdown
-from bidirl.sim.costs import CalibratedCosts, DrawnGroups, estimates, make_instance, step_bound
+from bidirl.sim.costs import CalibratedCosts, DrawnGroups, bound_of, bound_work, estimates, make_instance
 from bidirl.sim.simulator import Simulator
 
 
@@ -55,6 +55,9 @@ class SimResult:
     decode_batch: float = 0.0
     decode_capacity: int = 0
     decode_token_cost: float = 0.0
+    # the bound for a policy that never has more groups in flight than this run's admission window,
+    # floor((eta + 1) * u * B) (costs.window_bound): no policy held to that window can beat it
+    window_bound_s: float = 0.0
 
     @property
     def split(self) -> str:
@@ -77,6 +80,7 @@ class SimResult:
                 "leases": self.leases, "recomputed_logprob": self.recomputed_logprob,
                 "decode_batch": round(self.decode_batch, 1), "decode_capacity": self.decode_capacity,
                 "decode_token_cost": round(self.decode_token_cost, 2),
+                "window_bound_s": round(self.window_bound_s, 3),
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
@@ -211,6 +215,9 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     makespan = cluster.now
     samples = cluster.trained_groups * G
     bound = bound_step(cfg, perf, shape.staleness, costs.drawn if own_workload else None) if with_bound else 0.0
+    window = cluster.admission_limit(0)  # groups the run may ever have in flight
+    window_bound = (bound_step(cfg, perf, shape.staleness, costs.drawn if own_workload else None, window)
+                    if with_bound else 0.0)
     homes_map = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
     idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
     charge_stream_wait(idle, breakdown, simulator.stream_wait_s, makespan, devices - run.rollout_devices)
@@ -222,7 +229,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
                      sum(groups for _, _, _, groups, _ in cluster.migrations),
                      not cfg.sim.profile and recomputes_logprob(cfg, policy_name), costs.train_device_s * k,
-                     *decode_batch(simulator))
+                     *decode_batch(simulator), window_bound)
 
 
 def decode_batch(simulator: Simulator) -> Tuple[float, int, float]:
@@ -244,7 +251,7 @@ def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[st
     return {direction: {**entry, "device_s": round(entry["device_s"] * k, 3)} for direction, entry in leases.items()}
 
 
-_BOUNDS: Dict[tuple, float] = {}
+_BOUNDS: Dict[tuple, tuple] = {}  # (instance, per-step work) of each bound's cluster and workload draw
 
 
 def without_recompute(perf: PerformanceModel) -> PerformanceModel:
@@ -255,16 +262,21 @@ def without_recompute(perf: PerformanceModel) -> PerformanceModel:
     return dataclasses.replace(perf, recompute_logprob=False) if isinstance(perf, PerfModel) else perf
 
 
-def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float, drawn: Optional[DrawnGroups] = None) -> float:
+def bound_step(cfg: PipelineConfig, perf: PerformanceModel, eta: float, drawn: Optional[DrawnGroups] = None,
+               window_groups: int = 0) -> float:
     """The policy-independent step bound of this cluster and workload draw (memoised: every policy of a
-    comparison shares it). ``drawn``: groups a simulation of ``cfg`` drew already (read, not redrawn)."""
+    comparison shares it); with ``window_groups``, the bound for policies held to that admission window.
+    ``drawn``: groups a simulation of ``cfg`` drew already (read, not redrawn)."""
     units = cfg.cluster.devices // instance_size(cfg)
     key = (repr(without_recompute(perf)), cfg.sim.workload, cfg.sim.profile, cfg.rollout.group_size,
            cfg.train.prompts_per_step, cfg.train.steps, units, cfg.seed, eta)
     if key not in _BOUNDS:
-        _BOUNDS[key] = step_bound(perf, sim_workload(cfg), cfg.rollout.group_size, cfg.train.prompts_per_step,
-                                  cfg.train.steps, units, cfg.seed, eta, drawn)
-    return _BOUNDS[key]
+        workload = sim_workload(cfg)
+        _BOUNDS[key] = make_instance(perf, workload), bound_work(
+            perf, workload, cfg.rollout.group_size, cfg.train.prompts_per_step, cfg.train.steps, units, cfg.seed, eta,
+            drawn)
+    instance, steps_work = _BOUNDS[key]
+    return bound_of(instance, steps_work, units, window_groups * cfg.rollout.group_size)
 
 
 def best_static_split(cfg: PipelineConfig, eta: float) -> SimResult:

@@ -19,7 +19,10 @@ trainer is charged the old/proximal log-prob recompute as its system runs it
 own trainer (one optimizer step per batch: the proximal log-probs come from the forward it trains with)
 and veRL fully-async no.
 Efficiency is against the policy-independent bound (``bidirl.sim.costs.step_bound``); the detail
-table gives every policy's device-time by cause per pool. Nothing here is tuned toward a ratio.
+table gives every policy's device-time by cause per pool, the bound again for a policy held to the row's
+admission window of (eta + 1) B groups in flight (``costs.window_bound``: every policy here is; it caps how
+full decoding can get), and the decode batch each ran at against the KV capacity the first bound assumes.
+Nothing here is tuned toward a ratio.
 
 ``--no-recompute`` instead runs the gsm8k and math rows at eta 0 and 1 with no policy charged the
 old log-prob recompute (as if every baseline's trainer skipped it as bidirl's does).
@@ -131,6 +134,7 @@ def row(args) -> Tuple[str, List[str]]:
         one = results[p][(0, SEARCH_CHUNK)]  # seed 0, chunk 8: the breakdown of one representative run
         detail.append(f"| {workload} | {eta} | {p} | {one.rollout_devices}/{DEVICES - one.rollout_devices} | "
                       f"{one.samples_per_s:.2f} | {one.step_s:.2f} | {one.bound_step_s:.2f} | {one.efficiency:.2f} | "
+                      f"{one.window_bound_s:.2f} | {one.window_bound_s / one.step_s:.2f} | "
                       f"{breakdown(one.time_breakdown.get('rollout'))} | {breakdown(one.time_breakdown.get('train'))} | "
                       f"{one.decode_batch:.0f} / {one.decode_capacity} ({one.decode_token_cost:.1f}x) |")
     return line, detail
@@ -221,9 +225,9 @@ def main(argv: List[str]) -> None:
             details += detail
     print("\nDevice-time by cause (seed 0, chunk 8), per pool: busy / tail / admission / switching / draining / "
           "syncing / no reason, %\n")
-    print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | rollout pool | train pool | "
-          "decode batch / capacity (token cost over saturated) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | window bound s | "
+          "efficiency (window) | rollout pool | train pool | decode batch / capacity (token cost over saturated) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(details))
 
 
