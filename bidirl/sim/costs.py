@@ -189,8 +189,9 @@ def step_bound(perf: PerfModel, workload: Workload, group_size: int, batch_group
     mean are read, not drawn again (the same numbers: the draws depend only on seed and group).
 
     ``window_groups`` > 0: the bound for a policy that never has more than that many groups in flight
-    (every policy here: the admission rule holds ``floor((eta + 1) * u * B)``, u updates per sync), which
-    caps how full decoding can be -- the larger of the bound above and :func:`window_bound`'s."""
+    (every policy here: the admission rule holds (eta + 1) batches of ``batch_groups``, whatever the
+    updates per sync), which caps how full decoding can be -- the larger of the bound above and
+    :func:`window_bound`'s."""
     steps_work = bound_work(perf, workload, group_size, batch_groups, steps, devices, seed, eta, drawn)
     return bound_of(make_instance(perf, workload), steps_work, devices, window_groups * group_size)
 

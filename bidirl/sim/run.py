@@ -55,8 +55,11 @@ class SimResult:
     decode_batch: float = 0.0
     decode_capacity: int = 0
     decode_token_cost: float = 0.0
+    decoding_instances: float = 0.0  # instances decoding, averaged over the run (x decode_batch: sequences decoding)
     # the bound for a policy that never has more groups in flight than this run's admission window,
-    # floor((eta + 1) * u * B) (costs.window_bound): no policy held to that window can beat it
+    # (eta + 1) batches of B groups (u updates of B / u each, where weights sync every u updates), the same
+    # for every asynchronous policy at one eta (colocated verl: one batch; costs.window_bound): no policy held
+    # to that window can beat it
     window_bound_s: float = 0.0
 
     @property
@@ -80,7 +83,7 @@ class SimResult:
                 "leases": self.leases, "recomputed_logprob": self.recomputed_logprob,
                 "decode_batch": round(self.decode_batch, 1), "decode_capacity": self.decode_capacity,
                 "decode_token_cost": round(self.decode_token_cost, 2),
-                "window_bound_s": round(self.window_bound_s, 3),
+                "window_bound_s": round(self.window_bound_s, 3), "decoding_instances": round(self.decoding_instances, 2),
                 "sim_seconds": round(self.sim_seconds, 3)}
 
 
@@ -229,20 +232,21 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
                      sum(groups for _, _, _, groups, _ in cluster.migrations),
                      not cfg.sim.profile and recomputes_logprob(cfg, policy_name), costs.train_device_s * k,
-                     *decode_batch(simulator), window_bound)
+                     *decode_batch(simulator, makespan), window_bound)
 
 
-def decode_batch(simulator: Simulator) -> Tuple[float, int, float]:
-    """(mean decode batch, KV capacity, token cost at that batch over at capacity) of a run's rollout
-    engines: sequences decoding together, averaged over all the time any instance decoded; zeros where the
-    costs have no continuous batching or nothing decoded."""
+def decode_batch(simulator: Simulator, makespan: float) -> Tuple[float, int, float, float]:
+    """(mean decode batch, KV capacity, token cost at that batch over at capacity, instances decoding) of a
+    run's rollout engines: sequences decoding together, averaged over all the time any instance decoded;
+    and how many instances decoded, averaged over the run. Zeros where the costs have no continuous
+    batching or nothing decoded."""
     instances = list((simulator.instances or {}).values())
     busy = sum(i.busy_s for i in instances)
-    if not busy:
-        return 0.0, 0, 0.0
+    if not busy or not makespan:
+        return 0.0, 0, 0.0, 0.0
     batch, one = sum(i.batch_s for i in instances) / busy, instances[0]
     per_token = lambda b: (one.step_a + one.step_b * b) / b  # noqa: E731
-    return batch, one.capacity, per_token(batch) / per_token(one.capacity)
+    return batch, one.capacity, per_token(batch) / per_token(one.capacity), busy / makespan
 
 
 def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[str, float]]:

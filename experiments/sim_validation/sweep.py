@@ -136,7 +136,8 @@ def row(args) -> Tuple[str, List[str]]:
                       f"{one.samples_per_s:.2f} | {one.step_s:.2f} | {one.bound_step_s:.2f} | {one.efficiency:.2f} | "
                       f"{one.window_bound_s:.2f} | {one.window_bound_s / one.step_s:.2f} | "
                       f"{breakdown(one.time_breakdown.get('rollout'))} | {breakdown(one.time_breakdown.get('train'))} | "
-                      f"{one.decode_batch:.0f} / {one.decode_capacity} ({one.decode_token_cost:.1f}x) |")
+                      f"{one.decode_batch:.0f} x {one.decoding_instances:.1f} | "
+                      f"{one.decode_capacity} ({one.decode_token_cost:.1f}x) |")
     return line, detail
 
 
@@ -226,8 +227,9 @@ def main(argv: List[str]) -> None:
     print("\nDevice-time by cause (seed 0, chunk 8), per pool: busy / tail / admission / switching / draining / "
           "syncing / no reason, %\n")
     print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | window bound s | "
-          "efficiency (window) | rollout pool | train pool | decode batch / capacity (token cost over saturated) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "efficiency (window) | rollout pool | train pool | decode batch x instances decoding | "
+          "KV capacity (token cost over saturated) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(details))
 
 
