@@ -221,14 +221,16 @@ def test_a_wider_staleness_window_decodes_at_a_fuller_batch_whose_tokens_cost_le
     assert runs[0].decode_token_cost > runs[2].decode_token_cost > 1  # against the bound's saturated decode
 
 
-def test_every_policy_does_the_same_gradient_work_but_for_the_log_prob_recompute_it_is_charged():
+def test_on_lengths_that_do_not_drift_every_policy_does_the_same_gradient_work_but_for_its_recompute():
     runs = {p: simulate(small("algorithm.staleness=1"), p) for p in ("verl", "areal", "bidirl", "verl-async")}
     assert runs["verl"].train_work_s == pytest.approx(runs["areal"].train_work_s)  # both recompute
     assert runs["bidirl"].train_work_s == pytest.approx(runs["verl-async"].train_work_s)  # neither does
     assert runs["areal"].train_work_s == pytest.approx(runs["bidirl"].train_work_s * 8 / 6)  # + a 2N forward on 6N
 
 
-def test_trainer_on_rollpool_adds_no_more_than_its_ceiling_in_the_rfc_ablation():
+def test_trainer_on_rollpool_adds_no_more_than_speeding_up_every_train_step_could_in_the_rfc_ablation():
+    # (validate.tor_ceiling's premise: if a Trainer-on-RollPool change ever beats it, the change does more
+    # than speed up train steps, and the README's reading of case C must be redone)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "sim_validation"))
     from validate import tor_ceiling
 
@@ -255,10 +257,13 @@ def test_the_window_bound_decodes_every_token_at_the_fullest_batch_the_window_al
 
 @pytest.mark.parametrize("workload", ["gsm8k", "math", "reasoning"])
 def test_no_policy_beats_the_bound_of_its_admission_window_which_is_the_same_for_all(workload):
-    runs = [simulate(small("algorithm.staleness=1", f"sim.workload={workload}"), p)
-            for p in ("areal", "roll", "verl-dynamic", "verl-async", "bidirl")]
+    runs = [simulate(small("algorithm.staleness=1", f"sim.workload={workload}", *extra), p)
+            for p, extra in (("areal", ()), ("roll", ()), ("verl-dynamic", ()), ("verl-async", ()),
+                             ("verl-async", ("algorithm.updates_per_sync=4",)), ("bidirl", ()))]
     assert len({r.window_bound_s for r in runs}) == 1  # (eta + 1) B groups in flight, whoever schedules them
-    assert all(r.bound_step_s <= r.window_bound_s < r.step_s for r in runs)
+    assert all(r.window_bound_s < r.step_s for r in runs)
+    if workload != "gsm8k":  # long answers: the window, not saturated decoding, bounds them
+        assert all(r.bound_step_s < r.window_bound_s for r in runs)
 
 
 def test_the_bound_reads_the_groups_a_simulation_drew_and_gets_what_drawing_them_again_gives():

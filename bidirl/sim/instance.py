@@ -71,16 +71,17 @@ class Instance:
         # (``<=``: a finish less than one rounding step after the clock is due now, and its tick is at now)
         while t <= now and running:
             finish = running[0][0]
-            step = (step_a + step_b * len(running)) * slowdown  # step_time(len(running))
+            n = len(running)
+            step = (step_a + step_b * n) * slowdown  # step_time(len(running))
             reach = t + (finish - progress) * step if finish > progress else t + 0.0
             if reach > now:
                 progress = self.progress = progress + (now - t) / step
                 busy += now - t
-                batch += (now - t) * len(running)
+                batch += (now - t) * n
                 t = now
                 break
             busy += reach - t
-            batch += (reach - t) * len(running)
+            batch += (reach - t) * n
             t = reach
             if finish > progress:  # progress = max(progress, finish)
                 progress = self.progress = finish

@@ -50,8 +50,8 @@ class SimResult:
     recomputed_logprob: bool = False  # its trainer was charged an old/proximal log-prob forward (recomputes_logprob)
     train_work_s: float = 0.0  # device-seconds of gradient work over the run (every batch's, however shared)
     # what decoding ran at: the decode batch (sequences) averaged over every instance's decoding time; the
-    # KV capacity the bound's saturated decode assumes (costs.step_bound); and what a token costs at that
-    # batch over what it costs at capacity (the decode line: (a + b * batch) / batch over (a + b * cap) / cap)
+    # KV capacity the bound's saturated decode assumes (costs.step_bound); and what a token cost (decoding
+    # instance-seconds per token generated) over what it costs at capacity ((a + b * cap) / cap)
     decode_batch: float = 0.0
     decode_capacity: int = 0
     decode_token_cost: float = 0.0
@@ -81,6 +81,7 @@ class SimResult:
                 "time_breakdown": self.time_breakdown,
                 "staleness": {str(k): v for k, v in sorted(self.staleness.items())}, "switches": self.switches,
                 "leases": self.leases, "recomputed_logprob": self.recomputed_logprob,
+                "train_work_s": round(self.train_work_s, 3),
                 "decode_batch": round(self.decode_batch, 1), "decode_capacity": self.decode_capacity,
                 "decode_token_cost": round(self.decode_token_cost, 2),
                 "window_bound_s": round(self.window_bound_s, 3), "decoding_instances": round(self.decoding_instances, 2),
@@ -218,8 +219,10 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     makespan = cluster.now
     samples = cluster.trained_groups * G
     bound = bound_step(cfg, perf, shape.staleness, costs.drawn if own_workload else None) if with_bound else 0.0
+    # the bound of the window this run was held to -- at the eta it ran under (0 for a synchronous policy,
+    # whose on-policy tail then counts too), not the configured one
     window = cluster.admission_limit(0)  # groups the run may ever have in flight
-    window_bound = (bound_step(cfg, perf, shape.staleness, costs.drawn if own_workload else None, window)
+    window_bound = (bound_step(cfg, perf, cluster.eta, costs.drawn if own_workload else None, window)
                     if with_bound else 0.0)
     homes_map = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
     idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
@@ -232,21 +235,22 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
                      steady_step_s(cluster.version_times, updates_per_step=cluster.updates_per_sync), k,
                      sum(groups for _, _, _, groups, _ in cluster.migrations),
                      not cfg.sim.profile and recomputes_logprob(cfg, policy_name), costs.train_device_s * k,
-                     *decode_batch(simulator, makespan), window_bound)
+                     *decode_batch(simulator, makespan, costs.tokens()), window_bound)
 
 
-def decode_batch(simulator: Simulator, makespan: float) -> Tuple[float, int, float, float]:
-    """(mean decode batch, KV capacity, token cost at that batch over at capacity, instances decoding) of a
-    run's rollout engines: sequences decoding together, averaged over all the time any instance decoded;
-    and how many instances decoded, averaged over the run. Zeros where the costs have no continuous
-    batching or nothing decoded."""
+def decode_batch(simulator: Simulator, makespan: float, tokens: int) -> Tuple[float, int, float, float]:
+    """(mean decode batch, KV capacity, token cost over saturated, instances decoding) of a run's rollout
+    engines: sequences decoding together, averaged over all the time any instance decoded; the
+    instance-seconds of decoding per token generated (``tokens``), slow-downs included, over what a token
+    costs at the KV capacity (the decode line, as the bound charges it); and how many instances decoded,
+    averaged over the run. Zeros where the costs have no continuous batching or nothing decoded."""
     instances = list((simulator.instances or {}).values())
     busy = sum(i.busy_s for i in instances)
-    if not busy or not makespan:
+    if not busy or not makespan or not tokens:
         return 0.0, 0, 0.0, 0.0
-    batch, one = sum(i.batch_s for i in instances) / busy, instances[0]
-    per_token = lambda b: (one.step_a + one.step_b * b) / b  # noqa: E731
-    return batch, one.capacity, per_token(batch) / per_token(one.capacity), busy / makespan
+    one = instances[0]
+    saturated = (one.step_a + one.step_b * one.capacity) / one.capacity
+    return sum(i.batch_s for i in instances) / busy, one.capacity, busy / tokens / saturated, busy / makespan
 
 
 def in_devices(leases: Dict[str, Dict[str, float]], k: int) -> Dict[str, Dict[str, float]]:

@@ -76,19 +76,21 @@ def case_b() -> List[str]:
 
 
 def tor_ceiling(result, lendable: int) -> float:
-    """About the most Trainer-on-RollPool could add to ``result``, a Rollout-on-TrainPool-only run. It speeds
-    up nothing but the train step's gradient work, and at best -- all ``lendable`` rollout devices in every
-    step from its start, switches, transfers and the rollout time they would lose free -- that cuts a
-    step's work W / n to W / (n + lendable). n: the devices that trained the step, averaged over its wall
-    time (from the run's trace; devices only join a step in progress, so this is the most a step of the same
-    work could be shortened), W: the step's share of the run's gradient work (``SimResult.train_work_s``).
-    Ceiling = makespan / (makespan - those savings): a step that waits for its groups (streamed) is charged
-    only for its work, never for the wait."""
+    """An estimate of the most Trainer-on-RollPool could add to ``result``, a Rollout-on-TrainPool-only run,
+    under one premise: it speeds up nothing but the train step's gradient work. At best -- all ``lendable``
+    rollout instances in every step from its start, switches, transfers and the generation they would lose
+    all free -- that cuts a step's work W / n to W / (n + lendable); n: the instances that trained the step,
+    averaged over its wall time (from the run's trace; they only join a step in progress, so this is the
+    most a step of the same work could be shortened), W: the step's share of the run's gradient work
+    (``SimResult.train_work_s``, in instance-seconds here). Ceiling = makespan / (makespan - those
+    savings): a step that waits for its groups (streamed) is charged only for its work, never the wait."""
     cluster = result.cluster
     spans = [i for i in intervals(cluster.trace, result.makespan_s) if i[1] == "training"]
-    work = result.train_work_s / cluster.steps
+    steps = [i for i in spans if i[0] == cluster.primary]
+    assert len(steps) == cluster.steps, "the primary trains each step in one stretch"
+    work = result.train_work_s / result.instance_devices / cluster.steps
     saving = 0.0
-    for _, _, _, start, stop in (i for i in spans if i[0] == cluster.primary):
+    for _, _, _, start, stop in steps:
         n = sum(min(stop, i[4]) - max(start, i[3]) for i in spans if i[3] < stop and i[4] > start) / (stop - start)
         saving += work / n - work / (n + lendable)
     return result.makespan_s / (result.makespan_s - saving)
