@@ -339,17 +339,47 @@ def test_when_the_batch_is_smaller_than_a_chunk_per_device_every_rollout_device_
     assert sorted(a.device for a in actions) == list(range(8)) and {a.groups for a in actions} == {2}
 
 
-def test_no_new_groups_go_to_a_device_still_decoding_an_older_versions_tail():
+@pytest.mark.parametrize("eta, takers", [(1, {1}), (2, {0, 1})])
+def test_no_new_groups_go_to_a_device_still_decoding_an_older_versions_tail_the_next_step_needs(eta, takers):
     from bidirl.sched.policies import fill_rollout
 
-    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=2, steps=6, chunk_groups=2,
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=eta, steps=6, chunk_groups=2,
                       inflight_groups=8, interruptible=True)
     cluster.apply(ev.Generate(0, 2))
     cluster.devices[0].version = cluster.devices[1].version = 1  # a load arrived mid-generation
     cluster.version = cluster.published = 1
     actions = []
     fill_rollout(cluster, actions)
-    assert actions and {a.device for a in actions} == {1}  # device 0 finishes its v0 tail first
+    # eta 1: the v0 tail is due (batch 1 must contain it), so device 0 finishes it first; eta 2: it is not
+    # due yet, and device 0 takes new groups beside it
+    assert actions and {a.device for a in actions} == takers
+
+
+@pytest.mark.parametrize("step_period,beside_the_tail", [(100.0, False), (0.0, True)])
+def test_bidirl_keeps_new_groups_from_an_older_tail_not_yet_due_only_where_trainers_are_to_spare_to_take_it(
+        step_period, beside_the_tail):
+    from bidirl.sched.estimates import Estimates
+
+    cluster = tails_on([2], trainers=3, eta=2)  # device 0: a v0 tail batch 1 does not need yet
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 8)
+    policy.step_period = step_period  # 100 s apart: the pool idles longer than a tail lasts; 0: unmeasured
+    actions = []
+    policy.fill(cluster, actions)
+    tail_device_starts = any(isinstance(a, ev.Generate) and a.device == 0 for a in actions)
+    assert tail_device_starts is beside_the_tail  # (to spare: a lent trainer takes the tail over first)
+
+
+def test_under_count_only_staleness_every_older_tail_keeps_new_groups_away():
+    from bidirl.sched.policies import fill_rollout
+
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=2, steps=6, chunk_groups=2,
+                      inflight_groups=8, interruptible=True, deadlines=False)
+    cluster.apply(ev.Generate(0, 2))
+    cluster.devices[0].version = cluster.devices[1].version = 1
+    cluster.version = cluster.published = 1
+    actions = []
+    fill_rollout(cluster, actions)
+    assert actions and {a.device for a in actions} == {1}  # no group is ever "due" without deadlines
 
 
 def test_idle_rollout_devices_blocked_by_staleness_and_trainers_waiting_for_a_tail_say_so():

@@ -275,11 +275,17 @@ class Cluster:
         work in flight ends (a driver that cannot interrupt generation queues the load behind it)."""
         return device.loading if "load" in device.after_work else device.version
 
-    def decoding_older_tail(self, device: Device) -> bool:
+    def decoding_older_tail(self, device: Device, due_only: bool = True) -> bool:
         """Is ``device`` still decoding groups started with weights older than those it now holds (the
-        tail of an earlier version, after a load interrupted it)?"""
+        tail of an earlier version, after a load interrupted it) -- that the next step must contain, if
+        ``due_only``? With deadlines, only such *due* groups (version <= k - eta) are what the trainers
+        wait for; a tail not due yet is not (count-only staleness has no due groups: there every older
+        tail counts)."""
         versions = self.inflight_by_version[device.index]
-        return bool(versions) and min(versions) < device.version
+        if not versions:
+            return False
+        oldest = min(versions)
+        return oldest < device.version and (not (due_only and self.deadlines) or oldest <= self.version - self.eta)
 
     def start_chunk(self, action: ev.Generate) -> Chunk:
         """The chunk a ``Generate`` action created: drivers carry actions out in the order applied."""

@@ -43,7 +43,7 @@ def issue(cluster: Cluster, actions: List[ev.Action], action: ev.Action) -> None
 
 
 def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, home: Optional[Role] = None,
-                 until: Optional[int] = None) -> None:
+                 until: Optional[int] = None, every_older_tail: bool = False) -> None:
     """Admit chunks (at most ``chunk`` groups each, default the cluster's) on rollout-serving devices
     (only those whose home pool is ``home``, if given) with room, least-loaded first, while the
     staleness bound allows -- and, given ``until``, no group past that many admitted in all (trainers
@@ -53,8 +53,13 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
       * fair share: no device takes more than its share of the work that may be outstanding now, so a
         device that becomes free a moment before the others does not swallow the batch, and when the
         batch is smaller than one chunk per device the chunks shrink instead of idling devices;
-      * no new groups to a device still decoding an older version's tail: they would share its decode
-        batch and slow the tail the trainers are waiting for (veRL/AReaL-style schedulers can have it)."""
+      * no new groups to a device still decoding an older version's tail that the next step must contain
+        (``Cluster.decoding_older_tail``): they would share its decode batch and slow the tail the trainers
+        are waiting for (veRL/AReaL-style schedulers can have it). A tail not due yet takes new groups
+        beside it: nobody waits for it now, and the device would otherwise decode it alone at a fraction
+        of its capacity while the window has room -- unless ``every_older_tail``: a policy that moves
+        older tails onto idle trainers instead (``BidirlPolicy``, where trainers are to spare) keeps new
+        groups away from every one, so that the tail leaves and the device starts new groups alone."""
     newest_limit = cluster.admission_limit(cluster.version)
     stop = newest_limit if until is None else min(newest_limit, until)
     if cluster.admitted >= stop:
@@ -72,7 +77,8 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     # least loaded first (the heap orders by load, then index): the cheap test first, on every candidate, then
     # the one that rules out most of the rest (while admission is open beside older tails, every device
     # below its share is usually one of them)
-    heap = [(inflight[i], i) for i in pool if inflight[i] < share and not cluster.decoding_older_tail(devices[i])
+    due_only = not every_older_tail
+    heap = [(inflight[i], i) for i in pool if inflight[i] < share and not cluster.decoding_older_tail(devices[i], due_only)
             and cluster.has_room(devices[i], 1)]
     heapq.heapify(heap)
     while heap and cluster.admitted < stop:
