@@ -567,8 +567,9 @@ class Cluster:
 
     def older_tails(self) -> List[int]:
         """Rollout-pool devices (at home there, generating) decoding only groups older than the weights
-        they will generate with next (``weights_next``), in index order: the tails the placement rule
-        gives no new groups until they end."""
+        they will generate with next (``weights_next``), in index order: tails the placement rule may keep
+        new groups from until they end (due ones always; every one where the policy has idle trainers
+        take them over, ``fill_rollout``'s ``every_older_tail``)."""
         devices, inflight, by_version, tails = self.devices, self.inflight, self.inflight_by_version, self._tails
         for i in self._tails_dirty:
             d = devices[i]
