@@ -402,7 +402,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         rollout-pool target takes whole tails, and so does a lent trainer where trainers are to ``spare``
         (``trainers_to_spare``, as the caller found); else a lent trainer takes only the groups due (the
         next batch's), so that it is back when the step needs it."""
-        due, est = cluster.version - cluster.eta, self.estimates
+        due, est = cluster.due_version, self.estimates
         inflight, by_version = cluster.inflight, cluster.inflight_by_version
         everything = spare or target.home is Role.ROLLOUT
         merged = inflight[target.index]

@@ -285,7 +285,7 @@ class Cluster:
         if not versions:
             return False
         oldest = min(versions)
-        return oldest < device.version and (not (due_only and self.deadlines) or oldest <= self.version - self.eta)
+        return oldest < device.version and (not (due_only and self.deadlines) or oldest <= self.due_version)
 
     def start_chunk(self, action: ev.Generate) -> Chunk:
         """The chunk a ``Generate`` action created: drivers carry actions out in the order applied."""
@@ -312,9 +312,15 @@ class Cluster:
             return []
         return [d.index for d in self.pool(Role.TRAIN) if d.index not in self.training_devices]
 
+    @property
+    def due_version(self) -> float:
+        """Groups started with weights this old or older are *due*: the next batch, k = ``version``, must
+        contain them (k - eta), so the trainers wait for them."""
+        return self.version - self.eta
+
     def due_inflight(self) -> Dict[int, int]:
         """Groups batch k must contain (version <= k - eta) still generating, per device holding them."""
-        due = self.version - self.eta
+        due = self.due_version
         out = {}
         for index, by_version in self.inflight_by_version.items():
             groups = sum(n for version, n in by_version.items() if version <= due)
