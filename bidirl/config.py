@@ -32,6 +32,7 @@ from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
 from bidirl.perf.workload import PRESETS as WORKLOADS
 from bidirl.sched.assembly import LIVE, DriverCapabilities, RunShape
+from bidirl.sched.cluster import TailPlacement
 from bidirl.sched.policy import PEERS, baseline_names, policy_names
 
 STAGES = ("prepare_model", "evaluate", "profile", "plan", "train", "launch", "compare", "simulate")
@@ -170,6 +171,11 @@ class LaunchConfig:
     # costs measured during the run (and roll, streamrl, verl-dynamic, the bidirl ablations).
     mode: str = "sync"
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
+    # which older tails (groups a device still decodes, started with weights older than it now holds) keep
+    # new groups off that device: auto = the policy's own (due for the baselines; none for bidirl, whose
+    # streamed steps train while a tail decodes), due = one the next step must contain, none = no tail
+    # (continuous batching). Matters where a device holds several chunks at once (the simulator)
+    tail_placement: str = "auto"
     collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
     # a device lent to a train step that has not finished its micro-batch after this long loses its lease
     # and its gradients (0: ten times the slowest micro-batch measured so far in the run, at least 10 s)
@@ -254,7 +260,8 @@ class PipelineConfig:
         return RunShape(devices=self.cluster.devices, rollout_devices=self.cluster.rollout_devices,
                         batch_groups=self.train.prompts_per_step, steps=self.train.steps,
                         chunk_groups=self.launch.chunk_groups, staleness=float(self.algorithm.staleness),
-                        updates_per_sync=self.algorithm.updates_per_sync)
+                        updates_per_sync=self.algorithm.updates_per_sync,
+                        tail_placement=TailPlacement(self.launch.tail_placement))
 
     def live_driver(self) -> DriverCapabilities:
         """What the live runtime can do with this config (every config: a streamed step computes its
@@ -439,6 +446,7 @@ _CHOICES = {
     "sim.hardware": tuple(HARDWARE),
     "sim.workload": tuple(WORKLOADS),
     "logging.wandb_mode": ("offline", "online", "disabled"),
+    "launch.tail_placement": tuple(p.value for p in TailPlacement),
 }
 
 

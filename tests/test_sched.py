@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster
+from bidirl.sched.assembly import LIVE, RunShape, assemble
+from bidirl.sched.cluster import Cluster, TailPlacement
 from bidirl.sched.policy import build_policy
 from bidirl.sched.roles import LEGAL_TRANSITIONS, Device, DeviceState, IllegalTransition, Role
 from bidirl.sched.trace import intervals, pool_idle_ratio, switch_overheads, time_breakdown
@@ -103,10 +104,10 @@ def test_a_migration_needs_a_driver_that_can_move_requests_and_weights_no_older_
         cluster.apply(ev.Migrate(0, 1, 1, version=1))
 
 
-def tails_on(sizes, trainers=2, eta=1):
+def tails_on(sizes, trainers=2, eta=1, tail_placement=TailPlacement.DUE):
     """Rollout devices decoding older tails of ``sizes`` groups (started at v0) while holding v1 weights."""
     cluster = Cluster([Role.ROLLOUT] * len(sizes) + [Role.TRAIN] * trainers, batch_groups=8, eta=eta, steps=4,
-                      chunk_groups=8, inflight_groups=16, allows_migration=True)
+                      chunk_groups=8, inflight_groups=16, allows_migration=True, tail_placement=tail_placement)
     for device, groups in enumerate(sizes):
         cluster.apply(ev.Generate(device, groups))
     cluster.version = cluster.published = 1
@@ -344,7 +345,7 @@ def test_no_new_groups_go_to_a_device_still_decoding_an_older_versions_tail_the_
     from bidirl.sched.policies import fill_rollout
 
     cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=eta, steps=6, chunk_groups=2,
-                      inflight_groups=8, interruptible=True)
+                      inflight_groups=8, interruptible=True, tail_placement=TailPlacement.DUE)
     cluster.apply(ev.Generate(0, 2))
     cluster.devices[0].version = cluster.devices[1].version = 1  # a load arrived mid-generation
     cluster.version = cluster.published = 1
@@ -355,12 +356,44 @@ def test_no_new_groups_go_to_a_device_still_decoding_an_older_versions_tail_the_
     assert actions and {a.device for a in actions} == takers
 
 
-@pytest.mark.parametrize("step_period,beside_the_tail", [(100.0, False), (0.0, True)])
-def test_bidirl_keeps_new_groups_from_an_older_tail_not_yet_due_only_where_trainers_are_to_spare_to_take_it(
-        step_period, beside_the_tail):
+@pytest.mark.parametrize("deadlines", [True, False])
+@pytest.mark.parametrize("eta", [1, 2])
+def test_under_tail_placement_none_every_older_tail_takes_new_groups_beside_it(eta, deadlines):
+    from bidirl.sched.policies import fill_rollout
+
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=eta, steps=6, chunk_groups=2,
+                      inflight_groups=8, interruptible=True, deadlines=deadlines, tail_placement=TailPlacement.NONE)
+    cluster.apply(ev.Generate(0, 2))
+    cluster.devices[0].version = cluster.devices[1].version = 1
+    cluster.version = cluster.published = 1
+    actions = []
+    fill_rollout(cluster, actions)
+    assert {a.device for a in actions} == {0, 1}  # due (eta 1) or not, counted only or not: continuous batching
+
+
+def test_each_policy_brings_its_own_tail_placement_and_the_run_may_override_it():
     from bidirl.sched.estimates import Estimates
 
-    cluster = tails_on([2], trainers=3, eta=2)  # device 0: a v0 tail batch 1 does not need yet
+    def placement(policy, **shape):
+        run = RunShape(devices=4, rollout_devices=2, batch_groups=8, steps=2, chunk_groups=4, staleness=1, **shape)
+        return assemble(policy, run, LIVE, Estimates(1.0, 1.0, 0.1)).cluster.tail_placement
+
+    assert placement("areal") is placement("verl-async") is TailPlacement.DUE
+    assert placement("bidirl") is placement("bidirl-none") is TailPlacement.NONE  # they stream their steps
+    assert placement("bidirl", tail_placement=TailPlacement.DUE) is TailPlacement.DUE
+    assert placement("areal", tail_placement=TailPlacement.NONE) is TailPlacement.NONE
+    with pytest.raises(ValueError, match="tail placement"):
+        Cluster([Role.ROLLOUT, Role.TRAIN], 4, 1, 2, 2, tail_placement=TailPlacement.AUTO)
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+@pytest.mark.parametrize("step_period,beside_the_tail", [(100.0, False), (0.0, True)])
+def test_bidirl_keeps_new_groups_from_an_older_tail_only_where_trainers_are_to_spare_to_take_it(
+        step_period, beside_the_tail, eta):
+    from bidirl.sched.estimates import Estimates
+
+    # device 0: a v0 tail, due for batch 1 at eta 1 and not yet at eta 2; bidirl's own placement (none)
+    cluster = tails_on([2], trainers=3, eta=eta, tail_placement=TailPlacement.NONE)
     policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 8)
     policy.step_period = step_period  # 100 s apart: the pool idles longer than a tail lasts; 0: unmeasured
     actions = []
@@ -642,7 +675,6 @@ def test_streaming_needs_deadlines_that_say_which_groups_a_batch_waits_for():
     with pytest.raises(ValueError, match="per-group deadlines"):
         Cluster([Role.ROLLOUT, Role.TRAIN], batch_groups=8, eta=1, steps=2, chunk_groups=4, streams=True,
                 deadlines=False)
-    from bidirl.sched.assembly import LIVE, RunShape, assemble
     from bidirl.sched.estimates import Estimates
 
     def streams(policy, eta):

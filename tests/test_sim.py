@@ -136,7 +136,9 @@ def test_a_migrated_request_keeps_its_tokens_and_pays_the_re_prefill_of_its_whol
 
 
 def test_short_older_tails_are_consolidated_so_the_devices_they_leave_generate_again():
-    cfg = small("algorithm.staleness=1", "train.steps=12")  # gsm8k: short, weight-bound tails
+    # gsm8k: short, weight-bound tails; under the "due" placement, which keeps new groups off them (bidirl's
+    # own, none, gives them new groups instead: there tails form where trainers are to spare, below)
+    cfg = small("algorithm.staleness=1", "train.steps=12", "launch.tail_placement=due")
     moved = simulate(cfg, "bidirl", rollout_devices=5, keep_trace=True)
     cluster = moved.cluster
     assert moved.migrated_groups == sum(groups for _, _, _, groups, _ in cluster.migrations) > 0
@@ -219,6 +221,17 @@ def test_a_wider_staleness_window_decodes_at_a_fuller_batch_whose_tokens_cost_le
     assert batches == sorted(batches) and batches[0] < batches[2]
     assert all(1 <= r.decode_batch <= r.decode_capacity for r in runs)
     assert runs[0].decode_token_cost > runs[2].decode_token_cost > 1  # against the bound's saturated decode
+
+
+def test_new_groups_beside_older_tails_fill_the_decode_batch_and_a_streamed_policy_finishes_sooner():
+    def run(placement):
+        return simulate(small("sim.workload=math", "algorithm.staleness=1", f"launch.tail_placement={placement}"),
+                        "bidirl-none")
+
+    due, none = run("due"), run("none")  # at eta 1 every older tail is due: "due" keeps new groups off all of them
+    assert none.decode_batch > due.decode_batch
+    assert none.samples_per_s > due.samples_per_s  # its steps train while the tails decode (bidirl's own: none)
+    assert run("auto").samples_per_s == none.samples_per_s
 
 
 def test_on_lengths_that_do_not_drift_every_policy_does_the_same_gradient_work_but_for_its_recompute():

@@ -13,6 +13,7 @@ the rules are written once:
 * streamed gradient work (a step starting on the part of its batch already done): only for policies
   that stream (``Policy.streams_gradients``), on drivers that can, with per-group deadlines (they say
   which groups a batch must wait for);
+* the older-tail placement rule (``TailPlacement``): the policy's own unless the run says;
 * what the driver can do (:class:`DriverCapabilities`) goes into the bookkeeping, so policies ask the
   cluster instead of knowing which driver runs them.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from bidirl.sched.cluster import Cluster, check_staleness
+from bidirl.sched.cluster import Cluster, TailPlacement, check_staleness
 from bidirl.sched.estimates import NO_ESTIMATES, EstimatesProvider
 from bidirl.sched.policy import Policy, build_policy
 from bidirl.sched.replanning import NO_REPLANNING, Replanner
@@ -42,6 +43,7 @@ class RunShape:
     chunk_groups: int
     staleness: float  # eta, in versions (count-only policies accept fractions)
     updates_per_sync: int = 1
+    tail_placement: TailPlacement = TailPlacement.AUTO  # which older tails keep new groups off (AUTO: the policy's)
 
 
 @dataclass(frozen=True)
@@ -102,5 +104,7 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
                       inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
                       deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join,
                       streams=policy.streams_gradients and driver.streams_gradients and policy.deadlines,
-                      allows_migration=driver.migrates)
+                      allows_migration=driver.migrates,
+                      tail_placement=policy.tail_placement if shape.tail_placement is TailPlacement.AUTO
+                      else shape.tail_placement)
     return Assembly(policy, cluster)

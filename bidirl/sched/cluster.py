@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
+from enum import Enum
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from bidirl.sched import events as ev
@@ -91,6 +92,18 @@ class Chunk:
     finished: int = 0  # groups done so far
 
 
+class TailPlacement(str, Enum):
+    """Which older tails keep new groups off the rollout device decoding them (``fill_rollout``).
+
+    An *older tail* is what a device still decodes of groups started with weights older than those it
+    now holds. New groups beside it share its decode batch: they use capacity the tail leaves idle, and
+    they slow the tail's decode steps."""
+
+    AUTO = "auto"  # the policy's own (Policy.tail_placement)
+    DUE = "due"  # a due tail (``Cluster.due_version``: the trainers wait for it) keeps them off; any other takes them
+    NONE = "none"  # none does: continuous batching, as a serving engine admits requests
+
+
 def check_staleness(eta: float, deadlines: bool) -> None:
     """A staleness bound a policy can keep: whole versions with deadlines, any fraction >= 0 without."""
     if eta < 0:
@@ -104,13 +117,17 @@ class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: float, steps: int, chunk_groups: int,
                  primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
                  deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True,
-                 streams: bool = False, allows_migration: bool = False):
+                 streams: bool = False, allows_migration: bool = False,
+                 tail_placement: TailPlacement = TailPlacement.DUE):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
         check_staleness(eta, deadlines)
         if updates_per_sync != 1 and deadlines:
             raise ValueError("several optimizer updates per weight sync need count-only staleness (verl-async)")
         self.updates_per_sync = updates_per_sync  # u: batches (optimizer updates) per published version
+        if tail_placement is TailPlacement.AUTO:
+            raise ValueError("the cluster needs a tail placement resolved for its policy (assemble does it)")
+        self.tail_placement = tail_placement
         self._limits: Dict[int, int] = {}
         self.devices = [Device(i, home) for i, home in enumerate(homes)]
         self.primary = primary if primary is not None else list(homes).index(Role.TRAIN)
@@ -278,9 +295,9 @@ class Cluster:
     def decoding_older_tail(self, device: Device, due_only: bool = True) -> bool:
         """Is ``device`` still decoding groups started with weights older than those it now holds (the
         tail of an earlier version, after a load interrupted it) -- that the next step must contain, if
-        ``due_only``? With deadlines, only such *due* groups (version <= k - eta) are what the trainers
-        wait for; a tail not due yet is not (count-only staleness has no due groups: there every older
-        tail counts)."""
+        ``due_only``? With deadlines, only such *due* groups (``due_version``) are what the trainers wait
+        for; a tail not due yet is not (count-only staleness has no due groups: there every older tail
+        counts)."""
         versions = self.inflight_by_version[device.index]
         if not versions:
             return False
@@ -314,12 +331,18 @@ class Cluster:
 
     @property
     def due_version(self) -> float:
-        """Groups started with weights this old or older are *due*: the next batch, k = ``version``, must
-        contain them (k - eta), so the trainers wait for them."""
+        """Groups started with weights this old or older are *due*: batch k = ``version`` must contain
+        them (k - eta). Between steps that is the next batch, so due groups still generating are what the
+        idle trainers wait for; while batch k trains it has taken them (a streamed step waits for those
+        still generating), so then no tail counts as due for the placement rule.
+        Two wider readings were measured and not kept (2026-12-06, ``splits.py``-style runs): also
+        counting, during a step, the groups the batch after it must contain, and any later version whose
+        groups the deadline check (``_deadlines_met``) forces into batch k. Both keep new groups off more
+        tails, and cost ``areal`` up to 30% at eta 2-4 (gsm8k eta 4, 12/20: 252 -> 176 samples/s)."""
         return self.version - self.eta
 
     def due_inflight(self) -> Dict[int, int]:
-        """Groups batch k must contain (version <= k - eta) still generating, per device holding them."""
+        """Due groups (``due_version``: batch ``version`` must contain them) still generating, per device."""
         due = self.due_version
         out = {}
         for index, by_version in self.inflight_by_version.items():
@@ -574,8 +597,8 @@ class Cluster:
     def older_tails(self) -> List[int]:
         """Rollout-pool devices (at home there, generating) decoding only groups older than the weights
         they will generate with next (``weights_next``), in index order: tails the placement rule may keep
-        new groups from until they end (due ones always; every one where the policy has idle trainers
-        take them over, ``fill_rollout``'s ``every_older_tail``)."""
+        new groups from until they end (due ones under ``TailPlacement.DUE``; every one where the policy
+        has idle trainers take them over, ``fill_rollout``'s ``every_older_tail``)."""
         devices, inflight, by_version, tails = self.devices, self.inflight, self.inflight_by_version, self._tails
         for i in self._tails_dirty:
             d = devices[i]

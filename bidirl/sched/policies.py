@@ -31,7 +31,7 @@ import heapq
 from typing import List, Optional, Sequence
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster
+from bidirl.sched.cluster import Cluster, TailPlacement
 from bidirl.sched.policy import Policy
 from bidirl.sched.replanning import repartition_toward
 from bidirl.sched.roles import DeviceState, Role
@@ -53,13 +53,16 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
       * fair share: no device takes more than its share of the work that may be outstanding now, so a
         device that becomes free a moment before the others does not swallow the batch, and when the
         batch is smaller than one chunk per device the chunks shrink instead of idling devices;
-      * no new groups to a device still decoding an older version's tail that the next step must contain
-        (``Cluster.decoding_older_tail``): they would share its decode batch and slow the tail the trainers
-        are waiting for (veRL/AReaL-style schedulers can have it). A tail not due yet takes new groups
-        beside it: nobody waits for it now, and the device would otherwise decode it alone at a fraction
-        of its capacity while the window has room -- unless ``every_older_tail``: a policy that moves
-        older tails onto idle trainers instead (``BidirlPolicy``, where trainers are to spare) keeps new
-        groups away from every one, so that the tail leaves and the device starts new groups alone."""
+      * older tails (``cluster.tail_placement``, the policy's own unless ``launch.tail_placement`` says):
+        under ``TailPlacement.DUE``, no new groups to a device still decoding an older version's tail that
+        the next step must contain (``Cluster.decoding_older_tail``): they would share its decode batch
+        and slow the tail the trainers are waiting for (veRL/AReaL-style schedulers can have it). A tail
+        not due yet takes new groups beside it: nobody waits for it now, and the device would otherwise
+        decode it alone at a fraction of its capacity while the window has room. Under
+        ``TailPlacement.NONE`` every tail takes them (continuous batching). Either way, given
+        ``every_older_tail`` -- a policy that moves older tails onto idle trainers (``BidirlPolicy``, where
+        trainers are to spare) -- every older tail keeps them off, so that the tail leaves and the device
+        starts new groups alone."""
     newest_limit = cluster.admission_limit(cluster.version)
     stop = newest_limit if until is None else min(newest_limit, until)
     if cluster.admitted >= stop:
@@ -78,8 +81,9 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     # the one that rules out most of the rest (while admission is open beside older tails, every device
     # below its share is usually one of them)
     due_only = not every_older_tail
-    heap = [(inflight[i], i) for i in pool if inflight[i] < share and not cluster.decoding_older_tail(devices[i], due_only)
-            and cluster.has_room(devices[i], 1)]
+    tails_matter = every_older_tail or cluster.tail_placement is TailPlacement.DUE
+    heap = [(inflight[i], i) for i in pool if inflight[i] < share
+            and not (tails_matter and cluster.decoding_older_tail(devices[i], due_only)) and cluster.has_room(devices[i], 1)]
     heapq.heapify(heap)
     while heap and cluster.admitted < stop:
         _, index = heapq.heappop(heap)

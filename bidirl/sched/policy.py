@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import ClassVar, Dict, List, Tuple, Type
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster
+from bidirl.sched.cluster import Cluster, TailPlacement
 from bidirl.sched.estimates import NO_ESTIMATES, Estimates, EstimatesProvider
 from bidirl.sched.replanning import NO_REPLANNING, Replanner
 from bidirl.sched.roles import Role
@@ -36,6 +36,8 @@ class Policy:
     # start a step's gradient work on the groups already done while those it must wait for generate (bidirl)
     streams_gradients: ClassVar[bool] = False
     migrates: ClassVar[bool] = False  # moves requests in flight (Migrate), where the driver can
+    # which older tails keep new groups off a rollout device (fill_rollout; launch.tail_placement overrides)
+    tail_placement: ClassVar[TailPlacement] = TailPlacement.DUE
     # the trainer of the system this policy stands for recomputes old/proximal log-probs in a forward pass
     # of its own (+2N FLOPs per token; what a simulation charges unless sim.recompute_logprob says):
     # veRL and AReaL do (several updates per batch); bidirl's own trainer does not (one optimizer step per

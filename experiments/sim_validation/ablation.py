@@ -11,7 +11,10 @@ split, mean samples/s over seeds 0-2 at chunk 8 of:
   bidirl-rot       streamed steps + Rollout-on-TrainPool + migration
   bidirl-tor       streamed steps + Trainer-on-RollPool + migration (tails merge within the rollout pool)
   bidirl-nomigrate streamed steps + both directions, no in-flight migration
+  bidirl-due       everything, with the baselines' older-tail placement (launch.tail_placement=due: new
+                   groups kept off a due tail) instead of bidirl's own (none)
   bidirl           everything
+  areal-own-none   areal-own with bidirl's placement (none): what the placement does without streamed steps
 each with its ratio to ``areal-own`` at the same split: every bidirl arm trains as bidirl's own trainer does
 (``Policy.recomputes_logprob``), so the ratios are the scheduling mechanisms' alone. Nothing here is tuned
 toward a ratio.
@@ -29,8 +32,10 @@ from sweep import SEARCH_CHUNK, SEEDS, WORKLOADS, best_split, config
 from bidirl.sim.run import simulate
 
 ARMS = ["areal", "areal-own", "bidirl-none", "bidirl-nostream", "bidirl-rot", "bidirl-tor", "bidirl-nomigrate",
-        "bidirl"]
-OWN_TRAINER = {"areal-own": ("areal", ["sim.recompute_logprob=false"])}  # label -> (policy, overrides)
+        "bidirl-due", "bidirl", "areal-own-none"]
+VARIANTS = {"areal-own": ("areal", ["sim.recompute_logprob=false"]),  # label -> (policy, overrides)
+            "areal-own-none": ("areal", ["sim.recompute_logprob=false", "launch.tail_placement=none"]),
+            "bidirl-due": ("bidirl", ["launch.tail_placement=due"])}
 
 
 def row(args) -> str:
@@ -38,7 +43,7 @@ def row(args) -> str:
     split = best_split(workload, eta, steps, "bidirl")
     mean = {}
     for arm in ARMS:
-        policy, extra = OWN_TRAINER.get(arm, (arm, []))
+        policy, extra = VARIANTS.get(arm, (arm, []))
         mean[arm] = statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, policy, extra), policy,
                                              rollout_devices=split, with_bound=False).samples_per_s for seed in SEEDS)
     cells = [f"{mean[arm]:.2f} ({mean[arm] / mean['areal-own']:.2f})" for arm in ARMS]
