@@ -85,13 +85,16 @@ def is_here(cfg: PipelineConfig) -> bool:
 
 
 def live_overrides(cfg: PipelineConfig, name: str) -> List[str]:
-    """How a live comparison runs ``name``: on the pipeline's devices (two at least), its own split."""
-    return [f"cluster.devices={max(2, cfg.cluster.devices)}", f"launch.mode={name}", "cluster.rollout_devices=0"]
+    """How a live comparison runs ``name``: on the pipeline's devices (two at least), its own split and
+    older-tail placement."""
+    return [f"cluster.devices={max(2, cfg.cluster.devices)}", f"launch.mode={name}", "cluster.rollout_devices=0",
+            "launch.tail_placement=auto"]
 
 
 def with_policy(cfg: PipelineConfig, name: str) -> PipelineConfig:
-    return dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, mode=name), cluster=dataclasses.replace(
-        cfg.cluster, devices=max(2, cfg.cluster.devices), rollout_devices=0))
+    return dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, mode=name, tail_placement="auto"),
+                               cluster=dataclasses.replace(cfg.cluster, devices=max(2, cfg.cluster.devices),
+                                                           rollout_devices=0))
 
 
 def preflight(cfg: PipelineConfig, names: List[str]) -> None:

@@ -174,7 +174,8 @@ class LaunchConfig:
     # which older tails (groups a device still decodes, started with weights older than it now holds) keep
     # new groups off that device: auto = the policy's own (due for the baselines; none for bidirl, whose
     # streamed steps train while a tail decodes), due = one the next step must contain, none = no tail
-    # (continuous batching). Matters where a device holds several chunks at once (the simulator)
+    # (continuous batching). Matters where a device holds several chunks at once (the simulator). `bidirl
+    # compare` runs every policy at its own (auto), as at its own split
     tail_placement: str = "auto"
     collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
     # a device lent to a train step that has not finished its micro-batch after this long loses its lease

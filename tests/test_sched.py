@@ -387,15 +387,19 @@ def test_each_policy_brings_its_own_tail_placement_and_the_run_may_override_it()
 
 
 @pytest.mark.parametrize("eta", [1, 2])
-@pytest.mark.parametrize("step_period,beside_the_tail", [(100.0, False), (0.0, True)])
+@pytest.mark.parametrize("step_period,switch_s,beside_the_tail", [(100.0, 0.1, False), (0.0, 0.1, True),
+                                                                   (100.0, 100.0, True)])
 def test_bidirl_keeps_new_groups_from_an_older_tail_only_where_trainers_are_to_spare_to_take_it(
-        step_period, beside_the_tail, eta):
+        step_period, switch_s, beside_the_tail, eta):
     from bidirl.sched.estimates import Estimates
 
     # device 0: a v0 tail, due for batch 1 at eta 1 and not yet at eta 2; bidirl's own placement (none)
     cluster = tails_on([2], trainers=3, eta=eta, tail_placement=TailPlacement.NONE)
-    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.01), 8)
-    policy.step_period = step_period  # 100 s apart: the pool idles longer than a tail lasts; 0: unmeasured
+    costs = Estimates(1.0, 1.0, switch_s, decode_step_s=0.01, decode_group_s=0.01)
+    policy = build_policy("bidirl", costs, 8)
+    # 100 s apart: the pool idles longer than a tail lasts; 0: unmeasured. A 100 s switch: no tail lease pays,
+    # so no trainer would take the tail, and new groups go beside it
+    policy.step_period = step_period
     actions = []
     policy.fill(cluster, actions)
     tail_device_starts = any(isinstance(a, ev.Generate) and a.device == 0 for a in actions)

@@ -20,9 +20,11 @@ what an idle device may do:
                     the batch the train pool needs next, so the lease ends before the pool needs them,
                     and their samples are fresh -- or, once the pool has started all of that batch, one
                     chunk of the batch after, sized to end with it: ``lend_ahead``). Idle trainers also
-                    take over in flight the older tails that keep rollout devices from new groups
-                    (``lend_for_tail``): one trainer for them all, or, where the train pool idles longer
-                    than a tail lasts every step, one per tail that cannot merge.
+                    take over in flight the older tails rollout devices decode alone (``lend_for_tail``:
+                    where trainers are to spare no new group goes beside an older tail, so tails form):
+                    one trainer for them all, or, where the train pool idles longer than a tail lasts
+                    every step, one per tail that cannot merge. Elsewhere new groups join older tails
+                    (``tail_placement``: none), since its steps stream.
                     Trainer-on-RollPool: a rollout device idle because admission blocks it joins the
                     train step when the time saved, T/n - T/(n+k) for the k blocked devices together
                     (they switch in parallel), beats two switches plus the gradient transfer; the
@@ -354,9 +356,11 @@ class BidirlPolicy(VerlDynamicPolicy):
     @staticmethod
     def tail_holders(cluster: Cluster) -> List[Device]:
         """Rollout-pool devices decoding only groups older than the weights they hold -- or will load once
-        that work ends, where generation cannot be interrupted for a load (the live runtime): the
-        placement rule (``fill_rollout``) gives them no new groups until that tail ends, so each decodes
-        a few sequences at a fraction of its capacity while admissible work waits."""
+        that work ends, where generation cannot be interrupted for a load (the live runtime). Each decodes
+        a few sequences at a fraction of its capacity: no new group went beside its tail, because
+        admission blocked, because the placement rule kept them off (``fill_rollout``: a due tail under
+        ``TailPlacement.DUE``, every tail where bidirl's trainers take them over), or because the driver
+        gives a device one chunk at a time (the live runtime)."""
         return [cluster.devices[i] for i in cluster.older_tails()]  # (kept by the cluster as devices change)
 
     @staticmethod
@@ -550,6 +554,7 @@ class BidirlTrainOnRolloutOnly(BidirlPolicy):
 
 class BidirlNoStreaming(BidirlPolicy):  # both directions, every step waits for its whole batch
     name, streams_gradients = "bidirl-nostream", False
+    tail_placement = TailPlacement.DUE  # (none pays for streamed steps, BidirlPolicy.tail_placement: not here)
 
 
 class BidirlNoMigration(BidirlPolicy):  # no request moves: lent trainers only start new groups

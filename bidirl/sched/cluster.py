@@ -333,8 +333,8 @@ class Cluster:
     def due_version(self) -> float:
         """Groups started with weights this old or older are *due*: batch k = ``version`` must contain
         them (k - eta). Between steps that is the next batch, so due groups still generating are what the
-        idle trainers wait for; while batch k trains it has taken them (a streamed step waits for those
-        still generating), so then no tail counts as due for the placement rule.
+        idle trainers wait for; while batch k trains it has taken them, so then the only due tails are a
+        streamed step's groups still generating (the step waits for them).
         Two wider readings were measured and not kept (2026-12-06, ``splits.py``-style runs): also
         counting, during a step, the groups the batch after it must contain, and any later version whose
         groups the deadline check (``_deadlines_met``) forces into batch k. Both keep new groups off more

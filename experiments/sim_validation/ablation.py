@@ -16,7 +16,9 @@ split, mean samples/s over seeds 0-2 at chunk 8 of:
   bidirl           everything
   areal-own-none   areal-own with bidirl's placement (none): what the placement does without streamed steps
 each with its ratio to ``areal-own`` at the same split: every bidirl arm trains as bidirl's own trainer does
-(``Policy.recomputes_logprob``), so the ratios are the scheduling mechanisms' alone. Nothing here is tuned
+(``Policy.recomputes_logprob``), so the ratios are the scheduling mechanisms' alone. Every arm with streamed
+steps runs bidirl's older-tail placement (none); areal, areal-own and bidirl-nostream run the baselines' (due),
+so bidirl-none over areal-own is streamed steps with the placement they make pay. Nothing here is tuned
 toward a ratio.
 """
 

@@ -8,7 +8,8 @@ For each (workload, eta) row:
      best one from the planner (``bidirl.planner.plan``: that policy simulated on candidate splits,
      seed 0, chunk 8, a short horizon), then the best of the 2 splits either side of that pick
      simulated over the table's own steps (``best_split``); ``experiments/planner/quality.py`` checks
-     the planner's split against exhaustive search over all 31 for every cell of this table;
+     the planner's split against exhaustive search over all 31 for every cell of this table (at each
+     policy's own placement: a baseline's ``none`` cells are not checked there);
   2. at that split, each policy runs over 3 seeds x chunk sizes {4, 8, 16}; a cell is the mean; every
      baseline with a split does 1-2 twice, once per older-tail placement (``launch.tail_placement`` due /
      none, ``at_best``), and keeps the better (named in its cell); bidirl runs its own (none);
@@ -32,12 +33,14 @@ old log-prob recompute (as if every baseline's trainer skipped it as bidirl's do
 ``--rows gsm8k:2,gsm8k:4`` runs only those (workload, eta) rows.
 
 ``--switch`` instead sweeps the one switch cost every switching policy pays (0.5, 1, 2 s) on
-gsm8k and math at eta 0 and 1, at the splits found with the modelled cost.
+gsm8k and math at eta 0 and 1, at the splits found with the modelled cost (every baseline at its better
+placement, as in the table).
 
 ``--cadence`` instead asks where bidirl's gap to ``verl-async`` comes from: every row with bidirl and
 ``verl-async`` at 1, 2 and 4 optimizer updates per weight sync (``algorithm.updates_per_sync``; 4 is the
 published setting, 1 is bidirl's own cadence), each at its own split (``best_split``), with the staleness of the
-samples each trains (in optimizer updates, over all 9 runs).
+samples each trains (in optimizer updates, over all 9 runs); ``verl-async`` at its better older-tail placement
+at each cadence, as in the table (``at_best``).
 
 ``--no-refine`` takes the planner's split as it is (how the tables before 2026-12-05 evening were made).
 
@@ -120,18 +123,18 @@ def paired_ratio(ours: Dict[Tuple[int, int], SimResult], theirs: Dict[Tuple[int,
 PLACEMENTS = ("due", "none")  # the older-tail placements a baseline with a split is searched over
 
 
-def at_best(workload, eta, steps, policy) -> Tuple[str, Dict[Tuple[int, int], SimResult]]:
+def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int, int], SimResult]]:
     """(placement, runs) of ``policy`` at its best split and, for a baseline with a split, at its better
     older-tail placement (``launch.tail_placement``): keeping new groups off a due tail helps some
     baselines on some workloads and costs them on others, and the fair table gives each its better one.
     bidirl runs its own (none: its steps stream), and is not searched."""
     if policy in SPLIT_FREE:
-        return "", runs(workload, eta, steps, policy, None)
+        return "", runs(workload, eta, steps, policy, None, extra)
     options = PLACEMENTS if policy in BASELINES else ("auto",)
     best: Tuple[float, str, Dict[Tuple[int, int], SimResult]] = (-1.0, "", {})
     for placement in options:
-        extra = [f"launch.tail_placement={placement}"]
-        results = runs(workload, eta, steps, policy, best_split(workload, eta, steps, policy, extra), extra)
+        placed = [*extra, f"launch.tail_placement={placement}"]
+        results = runs(workload, eta, steps, policy, best_split(workload, eta, steps, policy, placed), placed)
         mean = statistics.mean(r.samples_per_s for r in results.values())
         if mean > best[0]:
             best = (mean, "" if placement == "auto" else placement, results)
@@ -165,14 +168,24 @@ def row(args) -> Tuple[str, List[str]]:
     return line, detail
 
 
+def placed_splits(workload, eta, steps) -> Dict[Tuple[str, str], int]:
+    """(policy, placement) -> its best split, for every placement ``at_best`` would try it at."""
+    return {(p, placement): best_split(workload, eta, steps, p, [f"launch.tail_placement={placement}"])
+            for p in POLICIES if p not in SPLIT_FREE for placement in (PLACEMENTS if p in BASELINES else ("auto",))}
+
+
 def switch_row(args) -> str:
     workload, eta, steps, splits = args
     cells = []
     for switch_s in (0.5, 1.0, 2.0):
-        extra = [f"sim.switch_s={switch_s}"]
-        mean = {p: statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, p, extra), p,
-                                            rollout_devices=splits.get(p), with_bound=False).samples_per_s
-                                   for seed in SEEDS) for p in POLICIES}
+        def mean_of(p, placement, split):
+            extra = [f"sim.switch_s={switch_s}", f"launch.tail_placement={placement}"]
+            return statistics.mean(simulate(config(workload, eta, steps, seed, SEARCH_CHUNK, p, extra), p,
+                                            rollout_devices=split, with_bound=False).samples_per_s for seed in SEEDS)
+
+        mean = {p: mean_of(p, "auto", None) for p in SPLIT_FREE}
+        for (p, placement), split in splits.items():  # every baseline at its better placement, as in the table
+            mean[p] = max(mean.get(p, 0.0), mean_of(p, placement, split))
         best = max(BASELINES, key=lambda p: mean[p])
         cells.append(f"{mean['bidirl'] / mean[best]:.2f} ({best})")
     return f"| {workload} | {eta} | " + " | ".join(cells) + " |"
@@ -191,15 +204,16 @@ def cadence_row(args) -> str:
     workload, eta, steps = args
     arms = {"bidirl": ("bidirl", [])}
     arms.update({f"u={u}": ("verl-async", [f"algorithm.updates_per_sync={u}"]) for u in CADENCES})
-    results = {}
+    results, placements = {}, {}
     for arm, (policy, extra) in arms.items():
-        split = best_split(workload, eta, steps, policy, extra)
-        results[arm] = runs(workload, eta, steps, policy, split, extra)
+        placements[arm], results[arm] = at_best(workload, eta, steps, policy, extra)
     cells = []
     for arm, by_run in results.items():
         mean = statistics.mean(r.samples_per_s for r in by_run.values())
         any_run = next(iter(by_run.values()))
-        cells.append(f"{mean:.2f} {any_run.rollout_devices}/{DEVICES - any_run.rollout_devices} ({staleness_cell(by_run)})")
+        placed = f" {placements[arm]}" if placements[arm] else ""
+        cells.append(f"{mean:.2f} {any_run.rollout_devices}/{DEVICES - any_run.rollout_devices}{placed} "
+                     f"({staleness_cell(by_run)})")
     return (f"| {workload} | {eta} | " + " | ".join(cells) + " | " +
             " | ".join(paired_ratio(results["bidirl"], results[f"u={u}"]) for u in (1, 4)) + " |")
 
@@ -216,9 +230,7 @@ def main(argv: List[str]) -> None:
     steps = int(numbers[0]) if numbers else 60
     processes = int(numbers[1]) if len(numbers) > 1 else 2
     if "--switch" in argv:
-        jobs = [(w, eta, steps, {p: best_split(w, eta, steps, p) for p in POLICIES
-                                 if p not in SPLIT_FREE})
-                for w in ("gsm8k", "math") for eta in (0, 1)]
+        jobs = [(w, eta, steps, placed_splits(w, eta, steps)) for w in ("gsm8k", "math") for eta in (0, 1)]
         print("| workload | eta | switch 0.5 s | switch 1 s | switch 2 s |  (bidirl / best baseline)")
         print("|---|---|---|---|---|")
         with Pool(processes) as pool:
