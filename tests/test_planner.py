@@ -817,3 +817,20 @@ def test_whatever_predicts_a_live_run_times_the_live_trainer_whatever_system_the
     assert simulate(cfg, "areal").recomputed_logprob  # a simulated AReaL recomputes, as AReaL does
     assert not simulate(cfg, "areal", driver=cfg.live_driver()).recomputed_logprob  # a live run's does not
     assert simulate(small("sim.recompute_logprob=true"), "areal", driver=cfg.live_driver()).recomputed_logprob
+
+
+@pytest.mark.parametrize("placement, expected", [("auto", "none"), ("due", "due")])
+def test_the_planner_scores_the_older_tail_placement_the_run_will_use(monkeypatch, placement, expected):
+    import bidirl.sim.run as sim_run
+
+    seen = set()
+    real = sim_run.assemble
+
+    def assemble_and_note(*args, **kwargs):
+        assembly = real(*args, **kwargs)
+        seen.add(assembly.cluster.tail_placement.value)
+        return assembly
+
+    monkeypatch.setattr(sim_run, "assemble", assemble_and_note)
+    plan(small("launch.mode=bidirl", "algorithm.staleness=1", f"launch.tail_placement={placement}"))
+    assert seen == {expected}  # every candidate split simulated with bidirl's own placement, or the one asked for
