@@ -292,17 +292,22 @@ class Cluster:
         work in flight ends (a driver that cannot interrupt generation queues the load behind it)."""
         return device.loading if "load" in device.after_work else device.version
 
-    def decoding_older_tail(self, device: Device, due_only: bool = True) -> bool:
-        """Is ``device`` still decoding groups started with weights older than those it now holds (the
-        tail of an earlier version, after a load interrupted it) -- that the next step must contain, if
-        ``due_only``? With deadlines, only such *due* groups (``due_version``) are what the trainers wait
-        for; a tail not due yet is not (count-only staleness has no due groups: there every older tail
-        counts)."""
+    def keeps_new_groups_off(self, device: Device, every_older_tail: bool = False) -> bool:
+        """Does the older-tail placement rule (``tail_placement``) keep new groups off ``device``? Only while
+        it still decodes groups started with weights older than those it now holds (the tail of an earlier
+        version, after a load interrupted it): under ``TailPlacement.DUE`` if that tail is one the next step
+        must contain -- with deadlines, only such *due* groups (``due_version``) are what the trainers wait
+        for (count-only staleness has no due groups: there every older tail counts); given
+        ``every_older_tail`` (a policy whose idle trainers take tails over), whatever the tail; under
+        ``TailPlacement.NONE`` otherwise never."""
+        if not every_older_tail and self.tail_placement is not TailPlacement.DUE:
+            return False  # (the cheap test first: most calls under NONE end here)
         versions = self.inflight_by_version[device.index]
         if not versions:
             return False
         oldest = min(versions)
-        return oldest < device.version and (not (due_only and self.deadlines) or oldest <= self.due_version)
+        due_only = self.deadlines and not every_older_tail
+        return oldest < device.version and (not due_only or oldest <= self.due_version)
 
     def start_chunk(self, action: ev.Generate) -> Chunk:
         """The chunk a ``Generate`` action created: drivers carry actions out in the order applied."""

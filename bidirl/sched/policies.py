@@ -31,7 +31,7 @@ import heapq
 from typing import List, Optional, Sequence
 
 from bidirl.sched import events as ev
-from bidirl.sched.cluster import Cluster, TailPlacement
+from bidirl.sched.cluster import Cluster
 from bidirl.sched.policy import Policy
 from bidirl.sched.replanning import repartition_toward
 from bidirl.sched.roles import DeviceState, Role
@@ -55,7 +55,7 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
         batch is smaller than one chunk per device the chunks shrink instead of idling devices;
       * older tails (``cluster.tail_placement``, the policy's own unless ``launch.tail_placement`` says):
         under ``TailPlacement.DUE``, no new groups to a device still decoding an older version's tail that
-        the next step must contain (``Cluster.decoding_older_tail``): they would share its decode batch
+        the next step must contain (``Cluster.keeps_new_groups_off``): they would share its decode batch
         and slow the tail the trainers are waiting for (veRL/AReaL-style schedulers can have it). A tail
         not due yet takes new groups beside it: nobody waits for it now, and the device would otherwise
         decode it alone at a fraction of its capacity while the window has room. Under
@@ -80,10 +80,8 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     # least loaded first (the heap orders by load, then index): the cheap test first, on every candidate, then
     # the one that rules out most of the rest (while admission is open beside older tails, every device
     # below its share is usually one of them)
-    due_only = not every_older_tail
-    tails_matter = every_older_tail or cluster.tail_placement is TailPlacement.DUE
     heap = [(inflight[i], i) for i in pool if inflight[i] < share
-            and not (tails_matter and cluster.decoding_older_tail(devices[i], due_only)) and cluster.has_room(devices[i], 1)]
+            and not cluster.keeps_new_groups_off(devices[i], every_older_tail) and cluster.has_room(devices[i], 1)]
     heapq.heapify(heap)
     while heap and cluster.admitted < stop:
         _, index = heapq.heappop(heap)

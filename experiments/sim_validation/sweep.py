@@ -123,6 +123,11 @@ def paired_ratio(ours: Dict[Tuple[int, int], SimResult], theirs: Dict[Tuple[int,
 PLACEMENTS = ("due", "none")  # the older-tail placements a baseline with a split is searched over
 
 
+def placements_of(policy: str) -> Tuple[str, ...]:
+    """The placements ``policy`` is run at: a baseline's both, bidirl's own (auto)."""
+    return PLACEMENTS if policy in BASELINES else ("auto",)
+
+
 def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int, int], SimResult]]:
     """(placement, runs) of ``policy`` at its best split and, for a baseline with a split, at its better
     older-tail placement (``launch.tail_placement``): keeping new groups off a due tail helps some
@@ -130,9 +135,8 @@ def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int
     bidirl runs its own (none: its steps stream), and is not searched."""
     if policy in SPLIT_FREE:
         return "", runs(workload, eta, steps, policy, None, extra)
-    options = PLACEMENTS if policy in BASELINES else ("auto",)
     best: Tuple[float, str, Dict[Tuple[int, int], SimResult]] = (-1.0, "", {})
-    for placement in options:
+    for placement in placements_of(policy):
         placed = [*extra, f"launch.tail_placement={placement}"]
         results = runs(workload, eta, steps, policy, best_split(workload, eta, steps, policy, placed), placed)
         mean = statistics.mean(r.samples_per_s for r in results.values())
@@ -171,7 +175,7 @@ def row(args) -> Tuple[str, List[str]]:
 def placed_splits(workload, eta, steps) -> Dict[Tuple[str, str], int]:
     """(policy, placement) -> its best split, for every placement ``at_best`` would try it at."""
     return {(p, placement): best_split(workload, eta, steps, p, [f"launch.tail_placement={placement}"])
-            for p in POLICIES if p not in SPLIT_FREE for placement in (PLACEMENTS if p in BASELINES else ("auto",))}
+            for p in POLICIES if p not in SPLIT_FREE for placement in placements_of(p)}
 
 
 def switch_row(args) -> str:
