@@ -85,8 +85,8 @@ def is_here(cfg: PipelineConfig) -> bool:
 
 
 def live_overrides(cfg: PipelineConfig, name: str) -> List[str]:
-    """How a live comparison runs ``name``: on the pipeline's devices (two at least), its own split and
-    older-tail placement."""
+    """How a live comparison runs ``name``: on the pipeline's devices (two at least), at the split and
+    older-tail placement the planner chooses for it (its own where nothing is planned)."""
     return [f"cluster.devices={max(2, cfg.cluster.devices)}", f"launch.mode={name}", "cluster.rollout_devices=0",
             "launch.tail_placement=auto"]
 

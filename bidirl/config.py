@@ -172,10 +172,11 @@ class LaunchConfig:
     mode: str = "sync"
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
     # which older tails (groups a device still decodes, started with weights older than it now holds) keep
-    # new groups off that device: auto = the policy's own (due for the baselines; none for bidirl, whose
-    # streamed steps train while a tail decodes), due = one the next step must contain, none = no tail
-    # (continuous batching). Matters where a device holds several chunks at once (the simulator). `bidirl
-    # compare` runs every policy at its own (auto), as at its own split
+    # new groups off that device: due = one the next step must contain, none = no tail (continuous
+    # batching), auto = the planner's choice of the two where it plans the split (cluster.rollout_devices: 0;
+    # `bidirl plan` writes it to plan.json), else the policy's own (due for the baselines; none for bidirl,
+    # whose streamed steps train while a tail decodes). Matters where a device holds several chunks at once
+    # (the simulator). `bidirl compare` runs every policy at auto, as at the planner's split for it
     tail_placement: str = "auto"
     collective_timeout_s: float = 600.0  # store and process-group timeout (a dead peer fails the run)
     # a device lent to a train step that has not finished its micro-batch after this long loses its lease

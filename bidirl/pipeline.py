@@ -142,7 +142,7 @@ def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     print_plan(result)
     state["cfg"] = planned_config(cfg, result)
     state["summary"]["plan"] = {"file": str(path), "rollout_devices": result.rollout_devices,
-                                "instance_devices": result.instance_devices,
+                                "instance_devices": result.instance_devices, "tail_placement": result.tail_placement,
                                 "predicted_samples_per_s": result.predicted_samples_per_s, "reason": result.reason}
 
 
@@ -303,8 +303,10 @@ def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], 
         else:
             result = plan(cfg, driver=cfg.live_driver())
             print_plan(result)
-            show(f"planned on {describe_model(cfg)}: cluster.rollout_devices={result.rollout_devices}")
-            chosen.append(f"cluster.rollout_devices={result.rollout_devices}")
+            placed = ([f"launch.tail_placement={result.tail_placement}"]
+                      if result.tail_placement != cfg.launch.tail_placement else [])
+            show(f"planned on {describe_model(cfg)}: cluster.rollout_devices={result.rollout_devices} {' '.join(placed)}")
+            chosen += [f"cluster.rollout_devices={result.rollout_devices}", *placed]
     if "launch" in cfg.stages:
         check_plan(cfg)
         topology = topology_of(cfg)

@@ -24,6 +24,7 @@ import dataclasses
 
 from bidirl.config import load_config
 from bidirl.planner import plan, replanner
+from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sim.run import sim_workload, simulate
 
 POLICIES, SEEDS = ("areal", "bidirl"), (0, 1, 2)
@@ -32,7 +33,8 @@ POLICIES, SEEDS = ("areal", "bidirl"), (0, 1, 2)
 def config(policy: str, steps: int, seed: int = 0):
     return load_config("pipelines/sim-32gpu.yaml", [
         "sim.workload=math-drift", f"train.steps={steps}", "train.prompts_per_step=256", "rollout.group_size=8",
-        "algorithm.staleness=1", "launch.chunk_groups=8", f"seed={seed}", f"launch.mode={policy}"])
+        "algorithm.staleness=1", "launch.chunk_groups=8", f"seed={seed}", f"launch.mode={policy}",
+        f"launch.tail_placement={POLICY_CLASSES[policy].tail_placement.value}"])  # (the split alone is studied)
 
 
 def compare(policy: str, steps: int, split: int):

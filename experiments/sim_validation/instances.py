@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from bidirl.config import load_config
-from bidirl.planner import plan
+from bidirl.planner import plan, planned_config
 from bidirl.sim.run import simulate
 
 WORKLOADS = {"gsm8k": ["train.prompts_per_step=512"], "math": ["train.prompts_per_step=256"],
@@ -28,7 +28,7 @@ def run(workload: str, model: str, k: int, policy: str, steps: int):
         f"sim.workload={workload}", f"sim.model={model}", f"cluster.instance_devices={k}", f"train.steps={steps}",
         "algorithm.staleness=1", "launch.chunk_groups=8", "rollout.group_size=8", f"launch.mode={policy}",
         *WORKLOADS[workload]])
-    return simulate(cfg, policy, rollout_devices=plan(cfg, policy).rollout_devices)
+    return simulate(planned_config(cfg, plan(cfg, policy)), policy)  # (the planner's split and placement)
 
 
 def main(argv) -> None:

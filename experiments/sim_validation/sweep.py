@@ -8,11 +8,12 @@ For each (workload, eta) row:
      best one from the planner (``bidirl.planner.plan``: that policy simulated on candidate splits,
      seed 0, chunk 8, a short horizon), then the best of the 2 splits either side of that pick
      simulated over the table's own steps (``best_split``); ``experiments/planner/quality.py`` checks
-     the planner's split against exhaustive search over all 31 for every cell of this table (at each
-     policy's own placement: a baseline's ``none`` cells are not checked there);
+     the planner's split and placement against exhaustive search over all 31 splits at both placements
+     for every cell of this table;
   2. at that split, each policy runs over 3 seeds x chunk sizes {4, 8, 16}; a cell is the mean; every
-     baseline with a split does 1-2 twice, once per older-tail placement (``launch.tail_placement`` due /
-     none, ``at_best``), and keeps the better (named in its cell); bidirl runs its own (none);
+     policy with a split (bidirl too) does 1-2 twice, once per older-tail placement
+     (``launch.tail_placement`` due / none, ``at_best``), and keeps the better (named in its cell), as
+     ``bidirl plan`` chooses between them for a run;
   3. bidirl's ratio to the best baseline (highest mean) is given as mean [min-max] over the 9
      (seed, chunk) pairs, each pair's ratio taken on the same workload draw.
 Colocated ``verl`` has no split. ``verl-async`` runs as published (veRL's fully-async recipe: no
@@ -60,6 +61,7 @@ from typing import Dict, List, Tuple
 
 from bidirl.config import load_config
 from bidirl.planner import plan
+from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
 
@@ -95,7 +97,10 @@ def best_split(workload, eta, steps, policy, extra=()) -> int:
     exhaustive search. Why: on sharp optima the short horizon can miss by one
     split; at gsm8k eta 2 it picked 17/15 for bidirl, 1% ahead of 18/14 at 14 steps, where 24 steps and
     more rank 18/14 first by 6% (``experiments/planner/horizon.py gsm8k 2 bidirl 16,17,18,19 14,24,36``).
-    Every policy with a split gets the same search."""
+    Every policy with a split gets the same search, at the older-tail placement ``extra`` names (default
+    the policy's own, which ``runs`` then simulates: the planner does not choose one here)."""
+    if not any(e.startswith("launch.tail_placement=") for e in extra):
+        extra = [*extra, f"launch.tail_placement={POLICY_CLASSES[policy].tail_placement.value}"]
     cfg = config(workload, eta, steps, 0, SEARCH_CHUNK, policy, [f"launch.mode={policy}", *extra])
     first = plan(cfg, policy).rollout_devices
     if not REFINE[0]:
@@ -120,28 +125,25 @@ def paired_ratio(ours: Dict[Tuple[int, int], SimResult], theirs: Dict[Tuple[int,
     return f"{statistics.mean(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
-PLACEMENTS = ("due", "none")  # the older-tail placements a baseline with a split is searched over
-
-
-def placements_of(policy: str) -> Tuple[str, ...]:
-    """The placements ``policy`` is run at: a baseline's both, bidirl's own (auto)."""
-    return PLACEMENTS if policy in BASELINES else ("auto",)
+PLACEMENTS = ("due", "none")  # the older-tail placements every policy with a split is searched over
 
 
 def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int, int], SimResult]]:
-    """(placement, runs) of ``policy`` at its best split and, for a baseline with a split, at its better
+    """(placement, runs) of ``policy`` at its best split and, for a policy with a split, at its better
     older-tail placement (``launch.tail_placement``): keeping new groups off a due tail helps some
-    baselines on some workloads and costs them on others, and the fair table gives each its better one.
-    bidirl runs its own (none: its steps stream), and is not searched."""
+    policies on some workloads and costs them on others (bidirl's own, none, goes with its streamed
+    steps, and costs it 3.5% in instances of 4 at reasoning eta 1), and the fair table gives each its better
+    one, as ``bidirl plan`` does (``bidirl.planner.plan_placements``; here on the table's 9 runs)."""
     if policy in SPLIT_FREE:
         return "", runs(workload, eta, steps, policy, None, extra)
     best: Tuple[float, str, Dict[Tuple[int, int], SimResult]] = (-1.0, "", {})
-    for placement in placements_of(policy):
+    own = POLICY_CLASSES[policy].tail_placement.value
+    for placement in sorted(PLACEMENTS, key=lambda p: p != own) if eta > 0 else (own,):  # (eta 0: no older tail)
         placed = [*extra, f"launch.tail_placement={placement}"]
         results = runs(workload, eta, steps, policy, best_split(workload, eta, steps, policy, placed), placed)
         mean = statistics.mean(r.samples_per_s for r in results.values())
-        if mean > best[0]:
-            best = (mean, "" if placement == "auto" else placement, results)
+        if mean > best[0]:  # (a tie keeps the policy's own, tried first)
+            best = (mean, placement, results)
     return best[1], best[2]
 
 
@@ -175,7 +177,7 @@ def row(args) -> Tuple[str, List[str]]:
 def placed_splits(workload, eta, steps) -> Dict[Tuple[str, str], int]:
     """(policy, placement) -> its best split, for every placement ``at_best`` would try it at."""
     return {(p, placement): best_split(workload, eta, steps, p, [f"launch.tail_placement={placement}"])
-            for p in POLICIES if p not in SPLIT_FREE for placement in placements_of(p)}
+            for p in POLICIES if p not in SPLIT_FREE for placement in PLACEMENTS}
 
 
 def switch_row(args) -> str:

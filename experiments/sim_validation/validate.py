@@ -70,8 +70,8 @@ def case_b() -> List[str]:
     ranking = " > ".join(f"{x}:{32 - x}" for x in sorted(scores, key=scores.get, reverse=True))
     chosen = plan(cfg, "verl-async")
     lines.append(f"| planner ranking ({short.train.steps}-step horizon) | 8:24 > 16:16 > 24:8 | {ranking} |")
-    lines.append(f"| planner's split for verl-async ({chosen.simulated_splits} splits simulated) |  | "
-                 f"{chosen.rollout_devices}:{32 - chosen.rollout_devices} |")
+    lines.append(f"| planner's split for verl-async ({chosen.simulated_splits} splits simulated, older-tail "
+                 f"placement {chosen.tail_placement}) |  | {chosen.rollout_devices}:{32 - chosen.rollout_devices} |")
     return lines
 
 
