@@ -4,9 +4,10 @@ Where it runs: **live** on the pipeline's own devices when the cluster is here (
 machine has cores for, or GPUs this node has), through the same runtime ``bidirl launch`` starts;
 **simulated** otherwise (a pipeline that describes a cluster that is not here, such as
 ``sim-32gpu.yaml``, or a GPU pipeline on a machine without GPUs), on the performance model the planner
-uses. Either way each policy runs at its own best split -- the planner's, on ``sim.profile`` or the
-analytic model; on two devices the only one, 1/1; on more CPU devices without a profile, the policy's
-default split -- and every run gets the same seed, so the same prompts.
+uses. Either way each policy runs at its own best split (and older-tail placement, where that can
+change the run) -- the planner's, on ``sim.profile`` or the analytic model; on two devices the only
+one, 1/1; on more CPU devices without a profile, the policy's default split -- whatever split the
+pipeline fixes, and every run gets the same seed, so the same prompts.
 
 Every baseline is a *scheduling policy reproduced on bidirl's runtime* and is labelled so, by the
 policy's ``style`` (e.g. "veRL-style colocated synchronous"). The exception is ``trl``: the real TRL
@@ -195,7 +196,9 @@ def compare_simulated(cfg: PipelineConfig, policies: List[str], out: Path) -> Li
     say(f"compare: simulated ({cfg.cluster.devices} x {cfg.sim.hardware}, sim.model={cfg.sim.model}): the "
         "pipeline's cluster is not this machine")
     with helper_processes():  # the planner's candidates and the plots on the other core
-        planned = planned_configs(cfg, policies)  # each policy at the planner's split for it
+        # each policy at the planner's split and placement for it, as live (with_policy), whatever the
+        # pipeline fixed or an earlier plan stage chose for launch.mode
+        planned = planned_configs(cfg, policies, each=with_policy)
         results = run_policies(cfg, policies, planned, replanners(cfg, policies, planned))
         write_outputs(results, out / "compare")
     return [Row(name, label_of(name), "simulated", r.split if r.rollout_devices else f"colocated x{r.devices}",

@@ -126,7 +126,8 @@ def stage_profile(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    """Choose the partition for launch.mode; later stages run with it (cluster.rollout_devices)."""
+    """Choose the partition for launch.mode (and, under launch.tail_placement: auto, the older-tail
+    placement); later stages run with it (cluster.rollout_devices, launch.tail_placement)."""
     from bidirl.helpers import helper_processes
     from bidirl.planner import plan, planned_config, print_plan, write_plan
 
@@ -305,7 +306,8 @@ def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], 
             print_plan(result)
             placed = ([f"launch.tail_placement={result.tail_placement}"]
                       if result.tail_placement != cfg.launch.tail_placement else [])
-            show(f"planned on {describe_model(cfg)}: cluster.rollout_devices={result.rollout_devices} {' '.join(placed)}")
+            show(f"planned on {describe_model(cfg)}: " + " ".join([f"cluster.rollout_devices={result.rollout_devices}",
+                                                                    *placed]))
             chosen += [f"cluster.rollout_devices={result.rollout_devices}", *placed]
     if "launch" in cfg.stages:
         check_plan(cfg)
@@ -400,7 +402,7 @@ SUMMARY_KEYS = {"prepare_model": "model", "evaluate": "evaluation"}  # a stage's
 def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
              resume: bool = False, only: bool = False) -> Tuple[PipelineConfig, State]:
     """What the stages before ``first`` left in ``run_dir``, as they would have handed it on: the
-    profile (``sim.profile``), the plan's split, the previous summary. ``resume``: a run whose pipeline
+    profile (``sim.profile``), the plan's split and placement, the previous summary. ``resume``: a run whose pipeline
     process was killed (SIGKILL, a lost machine) wrote no summary; its stages' files are enough."""
     from bidirl.planner import load_plan, planned_config
 

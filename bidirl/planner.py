@@ -196,7 +196,8 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
     the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run), over ``horizon`` steps
     (default :func:`horizon_steps`), among ``splits`` if given (rollout devices; a replica's that stand for
-    the full cluster's legal ones); impossible settings are BidirlError."""
+    the full cluster's legal ones); impossible settings are BidirlError. Under ``launch.tail_placement:
+    auto`` the older-tail placement is chosen too, where it can change the run (:func:`plan_placements`)."""
     if not cfg.cluster.instance_devices:
         return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     policy = policy or cfg.launch.mode
@@ -500,7 +501,7 @@ def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
 def replanners(cfg: PipelineConfig, policies: List[str],
                planned: Optional[Dict[str, PipelineConfig]] = None) -> Dict[str, Callable[[float], int]]:
     """For ``bidirl simulate``: with ``cluster.replan_every``, a replanner for each policy that has a
-    partition, at the instance size it runs (``planned[policy]``'s, if given)."""
+    partition, at the instance size and older-tail placement it runs (``planned[policy]``'s, if given)."""
     if not cfg.cluster.replan_every:
         return {}
     planned = planned or {}
@@ -517,8 +518,8 @@ def needs_planning(cfg: PipelineConfig, policy: str) -> bool:
 
 def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> PipelineConfig:
     """``cluster.rollout_devices: 0`` (and ``cluster.instance_devices: 0``) mean "ask the planner": the
-    config with the planned split (and instance size) filled in (unchanged for colocated policies and for
-    a split the user chose)."""
+    config with the planned split (and instance size, and under ``launch.tail_placement: auto`` the
+    older-tail placement) filled in (unchanged for colocated policies and for a split the user chose)."""
     policy = policy or cfg.launch.mode
     if not needs_planning(cfg, policy):
         return cfg
@@ -527,15 +528,16 @@ def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> Pipe
 
 def planned_config(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
     """``cfg`` running ``result``'s split (a colocated plan leaves the configured one), instance size and
-    older-tail placement."""
+    older-tail placement (a plan that left it ``auto`` leaves the configured one)."""
+    auto = result.tail_placement == TailPlacement.AUTO.value
     return dataclasses.replace(cfg, cluster=dataclasses.replace(
         cfg.cluster, rollout_devices=result.rollout_devices or cfg.cluster.rollout_devices,
         instance_devices=result.instance_devices),
-        launch=dataclasses.replace(cfg.launch, tail_placement=result.tail_placement))
+        launch=dataclasses.replace(cfg.launch, tail_placement=cfg.launch.tail_placement if auto else result.tail_placement))
 
 
 def live_partition(cfg: PipelineConfig) -> List[str]:
-    """For ``bidirl launch``: the overrides that fix the planned split, or nothing. A live run is planned
+    """For ``bidirl launch``: the overrides that fix the planned split (and placement), or nothing. A live run is planned
     on a profile of its own devices (``sim.profile``); without one, the policy's default split is used.
     The live engines run one device each, so ``cluster.instance_devices: 0`` (the planner's choice) is 1."""
     from bidirl.ui import say
@@ -574,11 +576,13 @@ def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
     return model_estimates(on_live_trainer(cfg)), describe_model(cfg)
 
 
-def planned_configs(cfg: PipelineConfig, policies: List[str]) -> Dict[str, PipelineConfig]:
-    """For ``bidirl simulate``: each policy's config, with its planned split (and instance size) where
-    ``cluster.rollout_devices`` (``cluster.instance_devices``) is 0."""
+def planned_configs(cfg: PipelineConfig, policies: List[str],
+                    each: Optional[Callable[[PipelineConfig, str], PipelineConfig]] = None) -> Dict[str, PipelineConfig]:
+    """For ``bidirl simulate``: each policy's config (``each(cfg, policy)``, if given: ``bidirl compare``
+    clears the split and placement for the planner), with its planned split (and instance size, and
+    older-tail placement) where ``cluster.rollout_devices`` (``cluster.instance_devices``) is 0."""
     try:
-        return {p: resolve_partition(cfg, p) for p in policies}
+        return {p: resolve_partition(each(cfg, p) if each else cfg, p) for p in policies}
     except (ValueError, RuntimeError) as exc:  # an impossible setting: the same line simulate would give
         raise BidirlError(f"simulate: {exc}") from None
 
@@ -650,12 +654,14 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if data["policy"] != cfg.launch.mode:  # (a split is the best for the policy it was planned for)
         raise BidirlError(f"{path}: planned for policy '{data['policy']}' but the pipeline has "
                           f"launch.mode={cfg.launch.mode}; plan again with `bidirl plan`")
+    # (a plan written before placements were planned has none: it was scored at the pipeline's, as is one
+    # whose placement could not change the run, which says auto)
     placement = data.get("tail_placement", TailPlacement.AUTO.value)
     placements = [p.value for p in TailPlacement]
     if placement not in placements:
         raise BidirlError(f"{path}: key 'tail_placement' must be one of {', '.join(placements)}; plan again with "
                           "`bidirl plan`")
-    if cfg.launch.tail_placement not in (TailPlacement.AUTO.value, placement):  # auto: the planner's choice
+    if TailPlacement.AUTO.value not in (placement, cfg.launch.tail_placement) and placement != cfg.launch.tail_placement:
         raise BidirlError(f"{path}: planned with older-tail placement '{placement}' but the pipeline has "
                           f"launch.tail_placement={cfg.launch.tail_placement}; plan again with `bidirl plan`")
     return Plan(**{n: data[n] for n in names if n not in optional}, instance_devices=k, tail_placement=placement)

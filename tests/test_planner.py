@@ -343,9 +343,10 @@ def test_a_rollout_heavy_workload_gets_more_rollout_devices_than_a_train_heavy_o
     assert rollout_heavy.rollout_devices > train_heavy.rollout_devices
 
 
+@pytest.mark.parametrize("placement", ["due", "none"])
 @pytest.mark.parametrize("policy", ["areal", "bidirl", "roll"])
-def test_the_pruned_search_scores_within_the_tie_margin_of_the_exhaustive_best(policy):
-    cfg = small("sim.workload=math", "algorithm.staleness=1")
+def test_the_pruned_search_scores_within_the_tie_margin_of_the_exhaustive_best(policy, placement):
+    cfg = small("sim.workload=math", "algorithm.staleness=1", f"launch.tail_placement={placement}")
     chosen = plan(cfg, policy, horizon=6)
     legal = preflight(cfg, policy, True)  # the splits whose train pool holds the 7B's training state
     assert legal == [1, 2, 3, 4, 5]
@@ -874,11 +875,35 @@ def test_where_no_new_group_can_go_beside_an_older_tail_the_planner_leaves_the_p
 
 
 def test_a_plan_for_another_older_tail_placement_than_the_pipeline_fixes_is_refused(tmp_path):
+    from bidirl.planner import planned_config
+
     path = write_plan(plan(small("launch.mode=bidirl", "launch.tail_placement=none"), horizon=6), tmp_path)
     assert load_plan(path, small("launch.mode=bidirl")).tail_placement == "none"  # auto: the plan's choice
     with pytest.raises(BidirlError, match="planned with older-tail placement 'none' but the pipeline has "
                                           "launch.tail_placement=due"):
         load_plan(path, small("launch.mode=bidirl", "launch.tail_placement=due"))
+    # a plan written before placements were planned, or one where the placement could not matter, names
+    # none (auto): it was scored at the pipeline's, which the run keeps
     older = {k: v for k, v in json.loads(path.read_text()).items() if k != "tail_placement"}
-    path.write_text(json.dumps(older))  # a plan written before placements were planned: the policy's own
-    assert load_plan(path, small("launch.mode=bidirl")).tail_placement == "auto"
+    path.write_text(json.dumps(older))
+    fixed = small("launch.mode=bidirl", "launch.tail_placement=due")
+    assert planned_config(fixed, load_plan(path, fixed)).launch.tail_placement == "due"
+
+
+def test_a_re_plan_moves_the_split_at_the_placement_the_run_keeps(monkeypatch):
+    from bidirl.planner import replanner
+
+    seen = placements_simulated(monkeypatch)
+    replanner(small("sim.workload=math"), "areal")(400.0)  # (auto, never planned: areal's own)
+    assert seen == {"due"}
+
+
+def test_a_simulated_comparison_plans_each_policys_placement_whatever_the_pipeline_fixed():
+    from bidirl.compare import with_policy
+    from bidirl.planner import planned_configs
+
+    cfg = small("sim.workload=math", "launch.tail_placement=due", "cluster.rollout_devices=1")
+    planned = planned_configs(cfg, ["areal", "bidirl"], each=with_policy)
+    assert planned["areal"].launch.tail_placement == "none"  # the planner's (as in the test above), not the pipeline's
+    assert all(c.cluster.rollout_devices > 1 for c in planned.values())  # (each planned: 1 is far too few here)
+    assert planned_configs(cfg, ["areal"])["areal"].launch.tail_placement == "due"  # `bidirl simulate` keeps it

@@ -177,7 +177,8 @@ def row(args) -> Tuple[str, List[str]]:
 def placed_splits(workload, eta, steps) -> Dict[Tuple[str, str], int]:
     """(policy, placement) -> its best split, for every placement ``at_best`` would try it at."""
     return {(p, placement): best_split(workload, eta, steps, p, [f"launch.tail_placement={placement}"])
-            for p in POLICIES if p not in SPLIT_FREE for placement in PLACEMENTS}
+            for p in POLICIES if p not in SPLIT_FREE
+            for placement in (PLACEMENTS if eta > 0 else (POLICY_CLASSES[p].tail_placement.value,))}
 
 
 def switch_row(args) -> str:

@@ -12,7 +12,7 @@ import statistics
 from typing import Dict, List
 
 from bidirl.config import load_config
-from bidirl.planner import candidate, plan, planning_config
+from bidirl.planner import candidate, plan, planned_config, planning_config
 from bidirl.sched.trace import intervals
 from bidirl.sim.run import simulate
 
@@ -65,10 +65,10 @@ def case_b() -> List[str]:
                      f"rollout idle {result.idle_ratio['rollout']:.0%}) | {published.get(split, '')} | "
                      f"{result.samples_per_s / sync.samples_per_s:.2f} |")
     # the planner's view of the same three splits: its own objective (the planning horizon, seed 0)
-    short = planning_config(cfg, policy="verl-async")
+    chosen = plan(cfg, "verl-async")
+    short = planning_config(planned_config(cfg, chosen), policy="verl-async")  # (at the placement it chose)
     scores = {split: candidate(short, "verl-async", split).samples_per_s for split in (8, 16, 24)}
     ranking = " > ".join(f"{x}:{32 - x}" for x in sorted(scores, key=scores.get, reverse=True))
-    chosen = plan(cfg, "verl-async")
     lines.append(f"| planner ranking ({short.train.steps}-step horizon) | 8:24 > 16:16 > 24:8 | {ranking} |")
     lines.append(f"| planner's split for verl-async ({chosen.simulated_splits} splits simulated, older-tail "
                  f"placement {chosen.tail_placement}) |  | {chosen.rollout_devices}:{32 - chosen.rollout_devices} |")
