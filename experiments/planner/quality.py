@@ -1,6 +1,6 @@
 """The planner against exhaustive search, on the 32-GPU results table, and the planner's speed.
 
-    .venv/bin/python experiments/planner/quality.py [processes]    # quality table (~15-27 min on 2 cores)
+    .venv/bin/python experiments/planner/quality.py [processes]    # quality table (~27 min on 2 cores)
     .venv/bin/python experiments/planner/quality.py --speed        # one 32-device and one 1024-device plan
     .venv/bin/python experiments/planner/quality.py --instances    # instance size and split chosen together
     .venv/bin/python experiments/planner/quality.py 2 --workloads=reasoning   # some workloads only
