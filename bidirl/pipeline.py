@@ -291,7 +291,7 @@ def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
 
 def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], show: Callable[..., None]) -> None:
     """The dry run's plan (where one is needed) and every node's torchrun command (with a launch stage)."""
-    from bidirl.planner import describe_model, needs_planning, plan, print_plan, with_instances
+    from bidirl.planner import describe_model, needs_planning, plan, planned_overrides, print_plan, with_instances
     from bidirl.runtime.launch import check_plan, torchrun_command, topology_of
 
     chosen = list(overrides)
@@ -304,11 +304,8 @@ def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], 
         else:
             result = plan(cfg, driver=cfg.live_driver())
             print_plan(result)
-            placed = ([f"launch.tail_placement={result.tail_placement}"]
-                      if result.tail_placement != cfg.launch.tail_placement else [])
-            show(f"planned on {describe_model(cfg)}: " + " ".join([f"cluster.rollout_devices={result.rollout_devices}",
-                                                                    *placed]))
-            chosen += [f"cluster.rollout_devices={result.rollout_devices}", *placed]
+            show(f"planned on {describe_model(cfg)}: {' '.join(planned_overrides(cfg, result))}")
+            chosen += planned_overrides(cfg, result)
     if "launch" in cfg.stages:
         check_plan(cfg)
         topology = topology_of(cfg)

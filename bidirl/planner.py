@@ -300,14 +300,7 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     policy = policy or cfg.launch.mode
     plans = [plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver)
              for k in fitting_sizes(cfg, policy, check_memory)]
-    # sizes are compared on one horizon: a size whose close call was settled on twice the horizon has the
-    # longer one, and a split scores differently there. The others' picks are planned again on it, alone
-    # (on a replica too, where the cluster is large, as their first plans were)
-    longest = max(p.horizon_steps for p in plans)
-    plans = [p if p.horizon_steps == longest else dataclasses.replace(
-        plan(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)), policy,
-             longest, workload, check_memory, driver, splits=[p.rollout_devices]),
-        reason=f"{p.reason}; scored again on {longest} steps to compare instance sizes") for p in plans]
+    plans = on_one_horizon(cfg, plans, policy, workload, check_memory, driver, "instance sizes")
     top = max(p.predicted_samples_per_s for p in plans)
     chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
     others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
@@ -319,6 +312,19 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     return dataclasses.replace(chosen, alternatives=(chosen.alternatives[:3] + others)[:6], reason=reason,
                                simulated_splits=sum(p.simulated_splits for p in plans),
                                plan_seconds=round(time.perf_counter() - start, 2))
+
+
+def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload: Optional[Workload],
+                   check_memory: bool, driver: Optional[DriverCapabilities], compared: str) -> List[Plan]:
+    """``plans`` (of instance sizes, or placements) made comparable: a plan whose close call was settled on
+    twice the horizon has the longer one, and a split scores differently there. The others' picks are
+    planned again on the longest, alone, at their own instance size and placement (on a replica too, where
+    the cluster is large, as their first plans were)."""
+    longest = max(p.horizon_steps for p in plans)
+    return [p if p.horizon_steps == longest else dataclasses.replace(
+        plan(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)), policy,
+             longest, workload, check_memory, driver, splits=[p.rollout_devices]),
+        reason=f"{p.reason}; scored again on {longest} steps to compare {compared}") for p in plans]
 
 
 def placement_is_open(cfg: PipelineConfig, policy: str, driver: Optional[DriverCapabilities]) -> bool:
@@ -341,12 +347,8 @@ def plan_placements(cfg: PipelineConfig, policy: str, horizon: Optional[int], wo
     start = time.perf_counter()
     own = POLICIES[policy].tail_placement
     order = [own] + [p for p in (TailPlacement.DUE, TailPlacement.NONE) if p is not own]
-    plans = [plan(with_placement(cfg, p), policy, horizon, workload, check_memory, driver, splits) for p in order]
-    longest = max(p.horizon_steps for p in plans)
-    plans = [p if p.horizon_steps == longest else dataclasses.replace(
-        plan(with_placement(cfg, TailPlacement(p.tail_placement)), policy, longest, workload, check_memory, driver,
-             splits=[p.rollout_devices]),
-        reason=f"{p.reason}; scored again on {longest} steps to compare placements") for p in plans]
+    plans = on_one_horizon(cfg, [plan(with_placement(cfg, p), policy, horizon, workload, check_memory, driver, splits)
+                                 for p in order], policy, workload, check_memory, driver, "placements")
     top = max(p.predicted_samples_per_s for p in plans)
     chosen = next(p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top)  # (the policy's own first)
     scores = ", ".join(f"{p.tail_placement}: {p.predicted_samples_per_s:.3g}" for p in plans)
@@ -536,6 +538,14 @@ def planned_config(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
         launch=dataclasses.replace(cfg.launch, tail_placement=cfg.launch.tail_placement if auto else result.tail_placement))
 
 
+def planned_overrides(cfg: PipelineConfig, result: Plan) -> List[str]:
+    """The ``key=value`` overrides that make a run of ``cfg`` follow ``result``: its split, and its
+    older-tail placement where the plan chose one the config does not say."""
+    placed = result.tail_placement not in (TailPlacement.AUTO.value, cfg.launch.tail_placement)
+    return [f"cluster.rollout_devices={result.rollout_devices}",
+            *([f"launch.tail_placement={result.tail_placement}"] if placed else [])]
+
+
 def live_partition(cfg: PipelineConfig) -> List[str]:
     """For ``bidirl launch``: the overrides that fix the planned split (and placement), or nothing. A live run is planned
     on a profile of its own devices (``sim.profile``); without one, the policy's default split is used.
@@ -557,12 +567,10 @@ def live_partition(cfg: PipelineConfig) -> List[str]:
         result = plan(cfg, driver=cfg.live_driver())  # scored as the live runtime will run it
     except (ValueError, RuntimeError) as exc:  # an impossible setting: one line, before any process starts
         raise BidirlError(f"plan: {exc}") from None
-    chosen = result.rollout_devices
-    placed = ([f"launch.tail_placement={result.tail_placement}"]
-              if result.tail_placement != cfg.launch.tail_placement else [])
+    chosen, overrides = result.rollout_devices, planned_overrides(cfg, result)
     say(f"planner: {chosen} rollout / {cfg.cluster.devices - chosen} train devices for '{cfg.launch.mode}' "
-        f"({describe_model(cfg)}{f'; older-tail placement {result.tail_placement}' if placed else ''})")
-    return [*one_device, f"cluster.rollout_devices={chosen}", *placed]
+        f"({', '.join([describe_model(cfg), *overrides[1:]])})")
+    return [*one_device, *overrides]
 
 
 def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:

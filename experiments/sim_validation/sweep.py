@@ -128,6 +128,13 @@ def paired_ratio(ours: Dict[Tuple[int, int], SimResult], theirs: Dict[Tuple[int,
 PLACEMENTS = ("due", "none")  # the older-tail placements every policy with a split is searched over
 
 
+def placements_for(policy: str, eta: float) -> Tuple[str, ...]:
+    """The placements ``policy`` is searched over, its own first (a tie keeps it); at eta 0 its own alone,
+    since no device decodes an older tail there."""
+    own = POLICY_CLASSES[policy].tail_placement.value
+    return tuple(sorted(PLACEMENTS, key=lambda p: p != own)) if eta > 0 else (own,)
+
+
 def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int, int], SimResult]]:
     """(placement, runs) of ``policy`` at its best split and, for a policy with a split, at its better
     older-tail placement (``launch.tail_placement``): keeping new groups off a due tail helps some
@@ -137,8 +144,7 @@ def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int
     if policy in SPLIT_FREE:
         return "", runs(workload, eta, steps, policy, None, extra)
     best: Tuple[float, str, Dict[Tuple[int, int], SimResult]] = (-1.0, "", {})
-    own = POLICY_CLASSES[policy].tail_placement.value
-    for placement in sorted(PLACEMENTS, key=lambda p: p != own) if eta > 0 else (own,):  # (eta 0: no older tail)
+    for placement in placements_for(policy, eta):
         placed = [*extra, f"launch.tail_placement={placement}"]
         results = runs(workload, eta, steps, policy, best_split(workload, eta, steps, policy, placed), placed)
         mean = statistics.mean(r.samples_per_s for r in results.values())
@@ -177,8 +183,7 @@ def row(args) -> Tuple[str, List[str]]:
 def placed_splits(workload, eta, steps) -> Dict[Tuple[str, str], int]:
     """(policy, placement) -> its best split, for every placement ``at_best`` would try it at."""
     return {(p, placement): best_split(workload, eta, steps, p, [f"launch.tail_placement={placement}"])
-            for p in POLICIES if p not in SPLIT_FREE
-            for placement in (PLACEMENTS if eta > 0 else (POLICY_CLASSES[p].tail_placement.value,))}
+            for p in POLICIES if p not in SPLIT_FREE for placement in placements_for(p, eta)}
 
 
 def switch_row(args) -> str:
