@@ -80,7 +80,8 @@ from bidirl.sched.assembly import DriverCapabilities
 from bidirl.sched.cluster import TailPlacement
 from bidirl.sched.estimates import Estimates, balanced_split
 from bidirl.sched.policy import POLICIES
-from bidirl.sim.run import model_estimates, on_live_trainer, perf_model, sim_workload, simulate
+from bidirl.sim.run import (model_estimates, on_live_trainer, perf_model, sim_workload, simulate,
+                            simulated_inflight_groups, unit_model)
 
 SCHEMA = "bidirl.plan/1"
 TIE = 0.005  # splits within 0.5% of the best score are equally good
@@ -201,7 +202,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     if not cfg.cluster.instance_devices:
         return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     policy = policy or cfg.launch.mode
-    if placement_is_open(cfg, policy, driver):
+    if placement_is_open(cfg, policy, driver, workload):
         return plan_placements(cfg, policy, horizon, workload, check_memory, driver, splits)
     start = time.perf_counter()
     cfg = on_live_trainer(cfg) if driver is not None else cfg  # (a live run's trainer, whatever the policy)
@@ -303,15 +304,21 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     plans = on_one_horizon(cfg, plans, policy, workload, check_memory, driver, "instance sizes")
     top = max(p.predicted_samples_per_s for p in plans)
     chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
-    others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
     sizes = ", ".join(f"{p.instance_devices}: {p.predicted_samples_per_s:.3g}" for p in plans)
     reason = (f"instances of {chosen.instance_devices} device{'s' if chosen.instance_devices > 1 else ''} (best "
               f"samples/s by instance size: {sizes}"
               f"{'; within 0.5% of the best, the smallest size' if chosen.predicted_samples_per_s < top else ''}); "
               f"{chosen.reason}")
-    return dataclasses.replace(chosen, alternatives=(chosen.alternatives[:3] + others)[:6], reason=reason,
+    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans), reason=reason,
                                simulated_splits=sum(p.simulated_splits for p in plans),
                                plan_seconds=round(time.perf_counter() - start, 2))
+
+
+def merged_alternatives(chosen: Plan, plans: List[Plan]) -> List[Dict[str, Any]]:
+    """What a plan chosen among ``plans`` (of instance sizes, or placements) lists: its own best three
+    splits, the chosen one first, then the best of the others', six in all."""
+    others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
+    return (chosen.alternatives[:3] + others)[:6]
 
 
 def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload: Optional[Workload],
@@ -327,13 +334,20 @@ def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload
         reason=f"{p.reason}; scored again on {longest} steps to compare {compared}") for p in plans]
 
 
-def placement_is_open(cfg: PipelineConfig, policy: str, driver: Optional[DriverCapabilities]) -> bool:
+def placement_is_open(cfg: PipelineConfig, policy: str, driver: Optional[DriverCapabilities],
+                      workload: Optional[Workload] = None) -> bool:
     """Is the older-tail placement the planner's to choose, and can it change the run? Only under
     ``launch.tail_placement: auto``, for a policy with two pools, at eta > 0 (at eta 0 no device decodes an
-    older version's groups), on a driver whose rollout devices take new groups beside work in flight."""
-    return (TailPlacement(cfg.launch.tail_placement) is TailPlacement.AUTO and policy in POLICIES
-            and not POLICIES[policy].synchronous and cfg.algorithm.staleness > 0
-            and (driver is None or driver.inflight_groups > 0))
+    older version's groups), where a rollout device holds more than one chunk in flight, so that new groups
+    can go beside its work in flight: in the simulator, a KV cache of more than a chunk's groups (the two
+    placements run identically otherwise, and planning both would only double the time); never in the live
+    runtime, which holds one chunk per device."""
+    if not (TailPlacement(cfg.launch.tail_placement) is TailPlacement.AUTO and policy in POLICIES
+            and not POLICIES[policy].synchronous and cfg.algorithm.staleness > 0):
+        return False
+    held = (driver.inflight_groups if driver is not None
+            else simulated_inflight_groups(cfg, unit_model(cfg, policy), workload or sim_workload(cfg)))
+    return held > cfg.launch.chunk_groups
 
 
 def with_placement(cfg: PipelineConfig, placement: TailPlacement) -> PipelineConfig:
@@ -354,7 +368,8 @@ def plan_placements(cfg: PipelineConfig, policy: str, horizon: Optional[int], wo
     scores = ", ".join(f"{p.tail_placement}: {p.predicted_samples_per_s:.3g}" for p in plans)
     tie = f"; within {TIE:.1%} of the best, the policy's own" if chosen.predicted_samples_per_s < top else ""
     reason = f"older-tail placement '{chosen.tail_placement}' (best samples/s by placement: {scores}{tie}); {chosen.reason}"
-    return dataclasses.replace(chosen, reason=reason, simulated_splits=sum(p.simulated_splits for p in plans),
+    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans), reason=reason,
+                               simulated_splits=sum(p.simulated_splits for p in plans),
                                plan_seconds=round(time.perf_counter() - start, 2))
 
 
@@ -476,7 +491,8 @@ def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, 
           start: float) -> Plan:
     ranked = [chosen] + [c for c in ranked if c.rollout_devices != chosen.rollout_devices]
     alternatives = [{"rollout_devices": c.rollout_devices, "instance_devices": cfg.cluster.instance_devices,
-                     "samples_per_s": round(c.samples_per_s, 4), "step_s": round(c.step_s, 4)} for c in ranked[:5]]
+                     "tail_placement": cfg.launch.tail_placement, "samples_per_s": round(c.samples_per_s, 4),
+                     "step_s": round(c.step_s, 4)} for c in ranked[:5]]
     return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
                 round(chosen.samples_per_s, 4), chosen.time_breakdown, alternatives, reason, describe_model(cfg),
                 steps, simulated, round(time.perf_counter() - start, 2), cfg.cluster.instance_devices,
@@ -604,18 +620,25 @@ def print_plan(result: Plan) -> None:
     out = Console(width=None if console.is_terminal else 140)
     table = Table(title=f"plan for '{result.policy}' on {result.devices} devices ({result.model}, "
                         f"{result.horizon_steps}-step horizon, {result.simulated_splits} splits simulated)")
-    for column in ("split r/t", "instance", "samples/s", "step s", ""):
+    placed = any(placement_of(result, alt) != TailPlacement.AUTO.value for alt in result.alternatives)
+    for column in ("split r/t", "instance", *(("older tails",) if placed else ()), "samples/s", "step s", ""):
         table.add_column(column, justify="right")
     for alt in result.alternatives:
-        k = alt.get("instance_devices", result.instance_devices)
-        chosen = alt["rollout_devices"] == result.rollout_devices and k == result.instance_devices
+        k, placement = alt.get("instance_devices", result.instance_devices), placement_of(result, alt)
+        chosen = (alt["rollout_devices"], k, placement) == (result.rollout_devices, result.instance_devices,
+                                                            result.tail_placement)
         table.add_row(f"{alt['rollout_devices']}/{result.devices - alt['rollout_devices']}" if alt["rollout_devices"]
-                      else "colocated", f"{k} device{'s' if k > 1 else ''}", f"{alt['samples_per_s']:.3f}",
-                      f"{alt['step_s']:.3f}", "chosen" if chosen else "")
+                      else "colocated", f"{k} device{'s' if k > 1 else ''}", *((placement,) if placed else ()),
+                      f"{alt['samples_per_s']:.3f}", f"{alt['step_s']:.3f}", "chosen" if chosen else "")
     out.print(table)
-    if result.tail_placement != TailPlacement.AUTO.value:
+    if result.tail_placement != TailPlacement.AUTO.value and not placed:
         out.print(f"older-tail placement: {result.tail_placement}")
     out.print(result.reason)
+
+
+def placement_of(result: Plan, alternative: Dict[str, Any]) -> str:
+    """The older-tail placement an alternative was scored at (plans written before they named one: the plan's)."""
+    return alternative.get("tail_placement", result.tail_placement)
 
 
 def write_plan(result: Plan, out: Path) -> Path:

@@ -44,9 +44,15 @@ def plan_section(run: Path) -> List[str]:
              f"{plan.get('predicted_step_s', 0):.3g} s.", ""]
     alternatives = plan.get("alternatives") or []
     if alternatives:  # (the chosen split first, then the best others: planner._plan)
-        lines += ["| split | rollout devices | devices per instance | samples/s | step s |", "|---|---|---|---|---|"]
+        def placement(a):  # (older plans name none: the plan's)
+            return a.get("tail_placement", plan.get("tail_placement", "auto"))
+
+        placed = any(placement(a) != "auto" for a in alternatives)
+        lines += [f"| split | rollout devices | devices per instance |{' older tails |' if placed else ''} samples/s "
+                  f"| step s |", "|---|---|---|" + ("---|" if placed else "") + "---|---|"]
         lines += [f"| {'chosen' if i == 0 else 'alternative'} | {a.get('rollout_devices')} | "
-                  f"{a.get('instance_devices', plan.get('instance_devices', 1))} | {a.get('samples_per_s', 0):.3g} | "
+                  f"{a.get('instance_devices', plan.get('instance_devices', 1))} |"
+                  f"{f' {placement(a)} |' if placed else ''} {a.get('samples_per_s', 0):.3g} | "
                   f"{a.get('step_s', 0):.3g} |" for i, a in enumerate(alternatives[:6])]
         lines.append("")
     return lines

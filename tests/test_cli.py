@@ -125,6 +125,19 @@ def test_the_reports_plan_table_marks_the_chosen_split_and_names_each_rows_insta
                         "| alternative | 8 | 8 | 49.5 | 1 |"]
 
 
+def test_the_reports_plan_table_names_each_rows_older_tail_placement_where_the_planner_chose_one(tmp_path):
+    from bidirl.report import plan_section
+
+    alternatives = [{"rollout_devices": r, "instance_devices": 1, "tail_placement": p, "samples_per_s": v,
+                     "step_s": 1.0} for r, p, v in ((22, "none", 37.8), (21, "none", 37.5), (22, "due", 32.2))]
+    (tmp_path / "plan.json").write_text(json.dumps({"reason": "r", "predicted_samples_per_s": 37.8,
+                                                    "predicted_step_s": 1.0, "alternatives": alternatives}))
+    rows = [line for line in plan_section(tmp_path) if line.startswith("| ") and line[2].isalpha()]
+    assert rows == ["| split | rollout devices | devices per instance | older tails | samples/s | step s |",
+                    "| chosen | 22 | 1 | none | 37.8 | 1 |", "| alternative | 21 | 1 | none | 37.5 | 1 |",
+                    "| alternative | 22 | 1 | due | 32.2 | 1 |"]
+
+
 def test_a_report_writes_a_dash_for_a_figure_the_run_wrote_as_null_rather_than_failing_the_finished_run(tmp_path):
     from bidirl.report import write_report
 

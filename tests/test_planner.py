@@ -594,9 +594,13 @@ def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(
     assert len(profile.requests["points"]) == DECODE_PASSES
     assert all(p["measured_s"] > 0 and p["modelled_s"] > 0 for p in profile.requests["points"])
     assert profile.requests["per_request_s"] >= profile.requests["own_work_s"] > 0
-    # a fresh engine's first call, against the same call warm: what a live device's first chunk pays
-    assert profile.warmup["rollout_s"] > 0 and profile.warmup["train_s"] >= 0
-    assert profile.warmup["timings"]["rollout"]["first_s"] > profile.warmup["timings"]["rollout"]["warm_s"]
+    # a fresh engine's first call, against the same call warm: what a live device's first chunk pays (usually
+    # about 2 s on this CPU; but how much is the host's, so only what was timed is checked: once, in a full run
+    # of this file, the first call timed no slower than the warm one and the warm-up read 0)
+    timed = profile.warmup["timings"]["rollout"]
+    assert timed["first_s"] > 0 and timed["warm_s"] > 0
+    assert profile.warmup["rollout_s"] == pytest.approx(max(0.0, timed["first_s"] - timed["warm_s"]))
+    assert profile.warmup["train_s"] >= 0
     # a live step's work beyond its gradient passes, through the runtime's own mailbox and finish code
     assert profile.step_overhead["per_micro_batch_s"] > 0 and profile.step_overhead["finish_s"] > 0
     assert all(s >= 0 for s in profile.meta["seconds"].values()) and "measured in" in result.stderr
@@ -626,18 +630,19 @@ def test_a_large_cluster_is_planned_on_a_replica_with_the_same_batch_per_device(
 def test_a_replica_scores_only_splits_that_stand_for_ones_the_full_cluster_can_hold():
     # a 32B model on 128 H100s: the train pool needs 103 devices or more, so 25 rollout devices at most. The
     # replica (64 devices) is searched among the splits that scale to a legal one, so the plan's throughput
-    # is that of the split it names, and its alternatives are distinct splits
+    # is that of the split it names, and its alternatives are distinct splits at each placement scored
     cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=128", "sim.model=32B", "sim.workload=dapo-28k",
                                                    "train.prompts_per_step=64", "rollout.group_size=4"])
     result = plan(cfg, "areal", horizon=1)
     assert result.rollout_devices <= 25 == max(preflight(cfg, "areal", True))
-    splits = [a["rollout_devices"] for a in result.alternatives]
-    assert len(splits) == len(set(splits)) > 1 and max(splits) <= 25
+    splits = [(a["rollout_devices"], a["tail_placement"]) for a in result.alternatives]
+    assert len(splits) == len(set(splits)) > 1 and max(x for x, _ in splits) <= 25
 
 
 def test_a_replica_of_whole_instances_is_searched_over_every_split_of_whole_instances():
     cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=80", "cluster.instance_devices=8",
-                                                   "train.prompts_per_step=80", "launch.mode=areal"])
+                                                   "train.prompts_per_step=80", "launch.mode=areal",
+                                                   "launch.tail_placement=due"])  # (the splits at one placement)
     result = plan(cfg, horizon=1)  # (legal splits 8 apart: a tolerance of half a device kept only one)
     assert result.simulated_splits >= 4 and len({a["rollout_devices"] for a in result.alternatives}) >= 4
     assert all(a["rollout_devices"] % 8 == 0 for a in result.alternatives)
@@ -862,16 +867,32 @@ def test_the_planner_keeps_the_better_placement_and_the_run_takes_it(policy):
         each[chosen.tail_placement].rollout_devices, each[chosen.tail_placement].predicted_samples_per_s)
     assert f"older-tail placement '{chosen.tail_placement}'" in chosen.reason
     assert planned_config(cfg, chosen).launch.tail_placement == chosen.tail_placement
+    # the alternatives name the placement each was scored at: the chosen one first, then the best of both
+    assert chosen.alternatives[0]["tail_placement"] == chosen.tail_placement
+    assert {a["tail_placement"] for a in chosen.alternatives} == {"due", "none"}
 
 
-@pytest.mark.parametrize("why", ["algorithm.staleness=0", "launch.mode=verl", "live"])
+NO_ROOM_BESIDE_A_CHUNK = {  # (the live runtime's devices hold one chunk at a time, and so does a simulated one
+    # whose KV cache holds no more than a chunk's groups -- reasoning's 51 here, in chunks of 64: a tail never
+    # shares its decode batch there)
+    "eta 0": ["algorithm.staleness=0"], "colocated": ["launch.mode=verl"], "live": [],
+    "a KV cache of one chunk": ["sim.workload=reasoning", "launch.chunk_groups=64"]}
+
+
+@pytest.mark.parametrize("why", NO_ROOM_BESIDE_A_CHUNK)
 def test_where_no_new_group_can_go_beside_an_older_tail_the_planner_leaves_the_placement_to_the_policy(
         monkeypatch, why):
     seen = placements_simulated(monkeypatch)
-    cfg = small("launch.mode=bidirl", "algorithm.staleness=1", *([why] if why != "live" else []))
-    # (the live runtime's devices hold one chunk at a time: a tail never shares its decode batch there)
+    cfg = small("launch.mode=bidirl", "algorithm.staleness=1", *NO_ROOM_BESIDE_A_CHUNK[why])
     result = plan(cfg, horizon=4, driver=cfg.live_driver() if why == "live" else None)
     assert result.tail_placement == "auto" and len(seen) == 1
+
+
+def test_a_kv_cache_that_holds_more_than_a_chunk_leaves_the_placement_to_the_planner(monkeypatch):
+    seen = placements_simulated(monkeypatch)
+    plan(small("launch.mode=bidirl", "algorithm.staleness=1", "sim.workload=reasoning", "launch.chunk_groups=32"),
+         horizon=4)
+    assert seen == {"due", "none"}  # (51 groups beside chunks of 32)
 
 
 def test_a_plan_for_another_older_tail_placement_than_the_pipeline_fixes_is_refused(tmp_path):

@@ -150,6 +150,12 @@ def unit_shape(cfg: PipelineConfig) -> RunShape:
     return dataclasses.replace(shape, devices=shape.devices // k, rollout_devices=shape.rollout_devices // k)
 
 
+def simulated_inflight_groups(cfg: PipelineConfig, perf: PerformanceModel, workload: Workload) -> int:
+    """Groups a simulated rollout unit holds in flight: it batches continuously, so a KV cache's worth at
+    once -- and at least one chunk."""
+    return max(cfg.launch.chunk_groups, -(-make_instance(perf, workload).capacity // cfg.rollout.group_size))
+
+
 def sim_workload(cfg: PipelineConfig) -> Workload:
     """The measured workload of ``sim.profile`` if it has one, else the ``sim.workload`` preset."""
     if cfg.sim.profile:
@@ -202,10 +208,9 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     G, devices, steps = cfg.rollout.group_size, shape.devices, shape.steps
     switch_s = cfg.sim.switch_s  # one figure for every policy whose devices switch (0: the model's)
     est = model_estimates(cfg, perf, workload)
-    # a simulated rollout device batches continuously: it holds a KV cache's worth of groups at once
-    capacity_groups = max(shape.chunk_groups, -(-make_instance(perf, workload).capacity // G))
     simulator_can = driver or DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
-                                                 inflight_groups=capacity_groups, rehomes=True, migrates=True)
+                                                 inflight_groups=simulated_inflight_groups(cfg, perf, workload),
+                                                 rehomes=True, migrates=True)
     costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
     replanner = (LengthReplanner(replan_every, lambda: costs.trained_lengths.mean_since_last_asked(),
                                  lambda mean: replan(mean) // k)  # the planner counts devices, the cluster units
