@@ -86,13 +86,23 @@ def is_here(cfg: PipelineConfig) -> bool:
 
 
 def live_overrides(cfg: PipelineConfig, name: str) -> List[str]:
-    """How a live comparison runs ``name``: on the pipeline's devices (two at least), at the split and
-    older-tail placement the planner chooses for it (its own where nothing is planned)."""
+    """How a live comparison runs ``name``: on the pipeline's devices (two at least), at the split,
+    older-tail placement and staleness (under the pipeline's bound) the planner chooses for it (its own
+    where nothing is planned)."""
+    from bidirl.planner import unplanned_staleness
+
+    fresh = unplanned_staleness(cfg).algorithm
     return [f"cluster.devices={max(2, cfg.cluster.devices)}", f"launch.mode={name}", "cluster.rollout_devices=0",
-            "launch.tail_placement=auto"]
+            "launch.tail_placement=auto", f"algorithm.staleness={fresh.staleness:g}",
+            f"algorithm.plan_staleness={str(fresh.plan_staleness).lower()}", "algorithm.staleness_bound=null"]
 
 
 def with_policy(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    """``cfg`` for a simulated comparison of ``name``: the split, placement and staleness (under the
+    pipeline's bound) left to the planner, as for each policy of a live one (``live_overrides``)."""
+    from bidirl.planner import unplanned_staleness
+
+    cfg = unplanned_staleness(cfg)
     return dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, mode=name, tail_placement="auto"),
                                cluster=dataclasses.replace(cfg.cluster, devices=max(2, cfg.cluster.devices),
                                                            rollout_devices=0))

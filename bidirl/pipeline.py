@@ -126,8 +126,10 @@ def stage_profile(cfg: PipelineConfig, run: RunDir, state: State) -> None:
 
 
 def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
-    """Choose the partition for launch.mode (and, under launch.tail_placement: auto, the older-tail
-    placement); later stages run with it (cluster.rollout_devices, launch.tail_placement)."""
+    """Choose the partition for launch.mode (and, under algorithm.plan_staleness, the staleness within the
+    bound, and under launch.tail_placement: auto, the older-tail placement); later stages run with it
+    (cluster.rollout_devices, algorithm.staleness, launch.tail_placement; a comparison plans each policy
+    afresh under the pipeline's bound)."""
     from bidirl.helpers import helper_processes
     from bidirl.planner import plan, planned_config, print_plan, write_plan
 
@@ -144,6 +146,7 @@ def stage_plan(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     state["cfg"] = planned_config(cfg, result)
     state["summary"]["plan"] = {"file": str(path), "rollout_devices": result.rollout_devices,
                                 "instance_devices": result.instance_devices, "tail_placement": result.tail_placement,
+                                "staleness": result.staleness,
                                 "predicted_samples_per_s": result.predicted_samples_per_s, "reason": result.reason}
 
 

@@ -121,6 +121,9 @@ class Plan:
     # the older-tail placement the run takes (launch.tail_placement; optional in plan.json): the one
     # the planner chose, the one the pipeline fixed, or auto (the policy's own) where it cannot matter
     tail_placement: str = TailPlacement.AUTO.value
+    # the staleness bound the run keeps (algorithm.staleness; optional in plan.json): the one it was scored
+    # at -- the pipeline's, or a lower one the planner chose (algorithm.plan_staleness)
+    staleness: Optional[float] = None
 
     def to_json(self) -> str:
         return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2)
@@ -197,11 +200,15 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
     the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run), over ``horizon`` steps
     (default :func:`horizon_steps`), among ``splits`` if given (rollout devices; a replica's that stand for
-    the full cluster's legal ones); impossible settings are BidirlError. Under ``launch.tail_placement:
-    auto`` the older-tail placement is chosen too, where it can change the run (:func:`plan_placements`)."""
+    the full cluster's legal ones); impossible settings are BidirlError. Under ``algorithm.plan_staleness``
+    the staleness is chosen too, at most ``algorithm.staleness`` (:func:`plan_staleness`), and under
+    ``launch.tail_placement: auto`` the older-tail placement, where it can change the run
+    (:func:`plan_placements`). The order: instance size, staleness, placement, split."""
     if not cfg.cluster.instance_devices:
         return plan_instance_sizes(cfg, policy, horizon, workload, check_memory, driver)
     policy = policy or cfg.launch.mode
+    if staleness_is_open(cfg, policy):
+        return plan_staleness(cfg, policy, horizon, workload, check_memory, driver, splits)
     if placement_is_open(cfg, policy, driver, workload):
         return plan_placements(cfg, policy, horizon, workload, check_memory, driver, splits)
     start = time.perf_counter()
@@ -329,9 +336,76 @@ def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload
     the cluster is large, as their first plans were)."""
     longest = max(p.horizon_steps for p in plans)
     return [p if p.horizon_steps == longest else dataclasses.replace(
-        plan(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)), policy,
-             longest, workload, check_memory, driver, splits=[p.rollout_devices]),
+        plan(with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)),
+                                  p), policy, longest, workload, check_memory, driver, splits=[p.rollout_devices]),
         reason=f"{p.reason}; scored again on {longest} steps to compare {compared}") for p in plans]
+
+
+def staleness_is_open(cfg: PipelineConfig, policy: str) -> bool:
+    """Is the staleness the planner's to choose? Under ``algorithm.plan_staleness``, above 0, for a policy
+    with two pools (a colocated one trains each batch before the next is generated, whatever the bound)."""
+    return (cfg.algorithm.plan_staleness and cfg.algorithm.staleness > 0 and policy in POLICIES
+            and not POLICIES[policy].synchronous)
+
+
+def staleness_candidates(bound: float) -> List[float]:
+    """The staleness bounds the planner tries under ``bound``: 0 (on-policy), then 1, 2, 4, ... below it,
+    then the bound itself (doubling: what a lower bound buys changes slowly away from 0, and every
+    candidate costs a whole plan)."""
+    candidates, step = [0.0], 1.0
+    while step < bound:
+        candidates.append(step)
+        step *= 2
+    return candidates + ([float(bound)] if bound > 0 else [])
+
+
+def staleness_bound(cfg: PipelineConfig) -> float:
+    """The staleness bound of the pipeline ``cfg`` was planned from (its own where no plan lowered it)."""
+    return cfg.algorithm.staleness if cfg.algorithm.staleness_bound is None else cfg.algorithm.staleness_bound
+
+
+def with_staleness(cfg: PipelineConfig, staleness: float) -> PipelineConfig:
+    """``cfg`` at exactly ``staleness`` (the planner chooses no other), recording the bound it was chosen
+    under where that is higher."""
+    bound = staleness_bound(cfg)
+    return dataclasses.replace(cfg, algorithm=dataclasses.replace(
+        cfg.algorithm, staleness=staleness, plan_staleness=False, staleness_bound=bound if bound > staleness else None))
+
+
+def unplanned_staleness(cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` with the staleness a plan chose given back to the planner: its bound, open again (``bidirl
+    compare`` plans every policy afresh)."""
+    if cfg.algorithm.staleness_bound is None:
+        return cfg
+    return dataclasses.replace(cfg, algorithm=dataclasses.replace(
+        cfg.algorithm, staleness=cfg.algorithm.staleness_bound, plan_staleness=True, staleness_bound=None))
+
+
+def with_plans_staleness(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
+    """``cfg`` at the staleness ``result`` was scored at, if it names one."""
+    return cfg if result.staleness is None else with_staleness(cfg, result.staleness)
+
+
+def plan_staleness(cfg: PipelineConfig, policy: str, horizon: Optional[int], workload: Optional[Workload],
+                   check_memory: bool, driver: Optional[DriverCapabilities], splits: Optional[List[int]]) -> Plan:
+    """The best plan at each staleness of :func:`staleness_candidates` (the pipeline's is a bound: a run may
+    keep a lower one, and its samples are then no staler than the pipeline allows), and the best of those;
+    near-ties (``TIE``) go to the lowest, whose samples are freshest. Compared on one horizon, as instance
+    sizes are (:func:`plan_instance_sizes`)."""
+    start = time.perf_counter()
+    bound = cfg.algorithm.staleness
+    plans = on_one_horizon(cfg, [plan(with_staleness(cfg, s), policy, horizon, workload, check_memory, driver, splits)
+                                 for s in staleness_candidates(bound)], policy, workload, check_memory, driver,
+                           "staleness bounds")
+    top = max(p.predicted_samples_per_s for p in plans)
+    chosen = next(p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top)  # (the freshest first)
+    scores = ", ".join(f"{p.staleness:g}: {p.predicted_samples_per_s:.3g}" for p in plans)
+    tie = f"; within {TIE:.1%} of the best, the freshest" if chosen.predicted_samples_per_s < top else ""
+    reason = (f"staleness {chosen.staleness:g} of at most {bound:g} (best samples/s by staleness: {scores}{tie}); "
+              f"{chosen.reason}")
+    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans), reason=reason,
+                               simulated_splits=sum(p.simulated_splits for p in plans),
+                               plan_seconds=round(time.perf_counter() - start, 2))
 
 
 def placement_is_open(cfg: PipelineConfig, policy: str, driver: Optional[DriverCapabilities],
@@ -491,12 +565,12 @@ def _plan(cfg, policy, chosen: Candidate, ranked: List[Candidate], reason: str, 
           start: float) -> Plan:
     ranked = [chosen] + [c for c in ranked if c.rollout_devices != chosen.rollout_devices]
     alternatives = [{"rollout_devices": c.rollout_devices, "instance_devices": cfg.cluster.instance_devices,
-                     "tail_placement": cfg.launch.tail_placement, "samples_per_s": round(c.samples_per_s, 4),
-                     "step_s": round(c.step_s, 4)} for c in ranked[:5]]
+                     "tail_placement": cfg.launch.tail_placement, "staleness": cfg.algorithm.staleness,
+                     "samples_per_s": round(c.samples_per_s, 4), "step_s": round(c.step_s, 4)} for c in ranked[:5]]
     return Plan(policy, cfg.cluster.devices, chosen.rollout_devices, round(chosen.step_s, 4),
                 round(chosen.samples_per_s, 4), chosen.time_breakdown, alternatives, reason, describe_model(cfg),
                 steps, simulated, round(time.perf_counter() - start, 2), cfg.cluster.instance_devices,
-                cfg.launch.tail_placement)
+                cfg.launch.tail_placement, cfg.algorithm.staleness)
 
 
 def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
@@ -504,8 +578,9 @@ def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
     """For re-planning at run time: mean response length measured -> the planner's split for it (the
     pipeline's workload with that mean and no further drift). Lengths are measured after the cap; a
     workload's mean is before it (:meth:`Workload.uncapped_mean`). A re-plan moves the split only: it is
-    scored at the older-tail placement the run keeps (``auto``: the policy's own)."""
+    scored at the staleness and the older-tail placement the run keeps (``auto``: the policy's own)."""
     base = sim_workload(cfg)
+    cfg = with_staleness(cfg, cfg.algorithm.staleness)
     if TailPlacement(cfg.launch.tail_placement) is TailPlacement.AUTO:
         cfg = with_placement(cfg, POLICIES[policy or cfg.launch.mode].tail_placement)
 
@@ -545,9 +620,12 @@ def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> Pipe
 
 
 def planned_config(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
-    """``cfg`` running ``result``'s split (a colocated plan leaves the configured one), instance size and
+    """``cfg`` running ``result``'s split (a colocated plan leaves the configured one), instance size,
+    staleness (a lower one than the pipeline's is run exactly, the pipeline's kept as its bound) and
     older-tail placement (a plan that left it ``auto`` leaves the configured one)."""
     auto = result.tail_placement == TailPlacement.AUTO.value
+    lower = result.staleness is not None and result.staleness < cfg.algorithm.staleness
+    cfg = with_staleness(cfg, result.staleness) if lower else cfg
     return dataclasses.replace(cfg, cluster=dataclasses.replace(
         cfg.cluster, rollout_devices=result.rollout_devices or cfg.cluster.rollout_devices,
         instance_devices=result.instance_devices),
@@ -556,10 +634,13 @@ def planned_config(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
 
 def planned_overrides(cfg: PipelineConfig, result: Plan) -> List[str]:
     """The ``key=value`` overrides that make a run of ``cfg`` follow ``result``: its split, and its
-    older-tail placement where the plan chose one the config does not say."""
+    older-tail placement and staleness where the plan chose ones the config does not say."""
     placed = result.tail_placement not in (TailPlacement.AUTO.value, cfg.launch.tail_placement)
+    lower = result.staleness is not None and result.staleness < cfg.algorithm.staleness
     return [f"cluster.rollout_devices={result.rollout_devices}",
-            *([f"launch.tail_placement={result.tail_placement}"] if placed else [])]
+            *([f"launch.tail_placement={result.tail_placement}"] if placed else []),
+            *([f"algorithm.staleness={result.staleness:g}", "algorithm.plan_staleness=false",
+               f"algorithm.staleness_bound={staleness_bound(cfg):g}"] if lower else [])]
 
 
 def live_partition(cfg: PipelineConfig) -> List[str]:
@@ -621,14 +702,18 @@ def print_plan(result: Plan) -> None:
     table = Table(title=f"plan for '{result.policy}' on {result.devices} devices ({result.model}, "
                         f"{result.horizon_steps}-step horizon, {result.simulated_splits} splits simulated)")
     placed = any(placement_of(result, alt) != TailPlacement.AUTO.value for alt in result.alternatives)
-    for column in ("split r/t", "instance", *(("older tails",) if placed else ()), "samples/s", "step s", ""):
+    stalenesses = {alt.get("staleness", result.staleness) for alt in result.alternatives}
+    for column in ("split r/t", "instance", *(("staleness",) if len(stalenesses) > 1 else ()),
+                   *(("older tails",) if placed else ()), "samples/s", "step s", ""):
         table.add_column(column, justify="right")
     for alt in result.alternatives:
         k, placement = alt.get("instance_devices", result.instance_devices), placement_of(result, alt)
-        chosen = (alt["rollout_devices"], k, placement) == (result.rollout_devices, result.instance_devices,
-                                                            result.tail_placement)
+        staleness = alt.get("staleness", result.staleness)
+        chosen = (alt["rollout_devices"], k, placement, staleness) == (
+            result.rollout_devices, result.instance_devices, result.tail_placement, result.staleness)
         table.add_row(f"{alt['rollout_devices']}/{result.devices - alt['rollout_devices']}" if alt["rollout_devices"]
-                      else "colocated", f"{k} device{'s' if k > 1 else ''}", *((placement,) if placed else ()),
+                      else "colocated", f"{k} device{'s' if k > 1 else ''}",
+                      *((f"{staleness:g}",) if len(stalenesses) > 1 else ()), *((placement,) if placed else ()),
                       f"{alt['samples_per_s']:.3f}", f"{alt['step_s']:.3f}", "chosen" if chosen else "")
     out.print(table)
     if result.tail_placement != TailPlacement.AUTO.value and not placed:
@@ -654,7 +739,8 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     path = Path(path)
     data = read_json_document(path, SCHEMA, "plan.json", "plan again with `bidirl plan PIPELINE`")
     names = [f.name for f in dataclasses.fields(Plan)]
-    optional = {"instance_devices", "tail_placement"}  # older plans: one-device instances, the policy's placement
+    # older plans: one-device instances, the policy's placement, the pipeline's staleness
+    optional = {"instance_devices", "tail_placement", "staleness"}
     missing = [n for n in names if n not in data and n not in optional]
     if missing:
         raise BidirlError(f"{path}: missing key '{missing[0]}'; plan again with `bidirl plan`")
@@ -695,4 +781,14 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if TailPlacement.AUTO.value not in (placement, cfg.launch.tail_placement) and placement != cfg.launch.tail_placement:
         raise BidirlError(f"{path}: planned with older-tail placement '{placement}' but the pipeline has "
                           f"launch.tail_placement={cfg.launch.tail_placement}; plan again with `bidirl plan`")
-    return Plan(**{n: data[n] for n in names if n not in optional}, instance_devices=k, tail_placement=placement)
+    staleness = data.get("staleness")
+    if staleness is not None:
+        if isinstance(staleness, bool) or not isinstance(staleness, (int, float)) or not 0 <= staleness < math.inf:
+            raise BidirlError(f"{path}: key 'staleness' must be a number >= 0; plan again with `bidirl plan`")
+        fixed = not cfg.algorithm.plan_staleness and cfg.algorithm.staleness_bound is None  # (the user's, exactly)
+        if staleness > staleness_bound(cfg) or (fixed and staleness != cfg.algorithm.staleness):
+            raise BidirlError(f"{path}: planned at staleness {staleness:g} but the pipeline has algorithm.staleness="
+                              f"{cfg.algorithm.staleness:g}{' (algorithm.plan_staleness: false)' if fixed else ''}; "
+                              "plan again with `bidirl plan`")
+    return Plan(**{n: data[n] for n in names if n not in optional}, instance_devices=k, tail_placement=placement,
+                staleness=staleness)

@@ -47,13 +47,20 @@ def plan_section(run: Path) -> List[str]:
         def placement(a):  # (older plans name none: the plan's)
             return a.get("tail_placement", plan.get("tail_placement", "auto"))
 
+        def staleness(a):  # (likewise)
+            return a.get("staleness", plan.get("staleness"))
+
         placed = any(placement(a) != "auto" for a in alternatives)
-        lines += [f"| split | rollout devices | devices per instance |{' older tails |' if placed else ''} samples/s "
-                  f"| step s |", "|---|---|---|" + ("---|" if placed else "") + "---|---|"]
+        stale = len({staleness(a) for a in alternatives}) > 1  # (the planner chose among several)
+        lines += [f"| split | rollout devices | devices per instance |{' staleness |' if stale else ''}"
+                  f"{' older tails |' if placed else ''} samples/s | step s |",
+                  "|---|---|---|" + ("---|" if stale else "") + ("---|" if placed else "") + "---|---|"]
+        def chosen_by(a):  # (the staleness and placement columns, where shown)
+            return (f" {number(staleness(a), 'g')} |" if stale else "") + (f" {placement(a)} |" if placed else "")
+
         lines += [f"| {'chosen' if i == 0 else 'alternative'} | {a.get('rollout_devices')} | "
-                  f"{a.get('instance_devices', plan.get('instance_devices', 1))} |"
-                  f"{f' {placement(a)} |' if placed else ''} {a.get('samples_per_s', 0):.3g} | "
-                  f"{a.get('step_s', 0):.3g} |" for i, a in enumerate(alternatives[:6])]
+                  f"{a.get('instance_devices', plan.get('instance_devices', 1))} |{chosen_by(a)} "
+                  f"{a.get('samples_per_s', 0):.3g} | {a.get('step_s', 0):.3g} |" for i, a in enumerate(alternatives[:6])]
         lines.append("")
     return lines
 

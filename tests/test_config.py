@@ -120,3 +120,8 @@ def test_the_log_prob_recompute_charge_is_each_policys_own_unless_set_true_or_fa
     assert load_config(None, ["sim.recompute_logprob=null"]).sim.recompute_logprob is None
     with pytest.raises(ConfigError, match=r"key 'sim.recompute_logprob' expects bool or null, got 'maybe'"):
         load_config(None, ["sim.recompute_logprob=maybe"])
+
+
+def test_a_recorded_staleness_bound_below_the_staleness_run_is_refused():
+    with pytest.raises(ConfigError, match=r"'algorithm.staleness_bound' \(1\) must be at least algorithm.staleness \(2\)"):
+        load_config("pipelines/cpu-tiny.yaml", ["algorithm.staleness=2", "algorithm.staleness_bound=1"])

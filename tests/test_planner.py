@@ -18,7 +18,8 @@ from bidirl.sim.run import perf_model, simulate
 
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 SMALL = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
-         "launch.chunk_groups=8", "launch.mode=areal"]
+         "launch.chunk_groups=8", "launch.mode=areal",
+         "algorithm.plan_staleness=false"]  # (the split and placement at the eta given: the staleness's own tests say true)
 
 
 def small(*overrides):
@@ -642,7 +643,8 @@ def test_a_replica_scores_only_splits_that_stand_for_ones_the_full_cluster_can_h
 def test_a_replica_of_whole_instances_is_searched_over_every_split_of_whole_instances():
     cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=80", "cluster.instance_devices=8",
                                                    "train.prompts_per_step=80", "launch.mode=areal",
-                                                   "launch.tail_placement=due"])  # (the splits at one placement)
+                                                   "launch.tail_placement=due", "algorithm.plan_staleness=false"])
+    # (the splits at one placement and one staleness)
     result = plan(cfg, horizon=1)  # (legal splits 8 apart: a tolerance of half a device kept only one)
     assert result.simulated_splits >= 4 and len({a["rollout_devices"] for a in result.alternatives}) >= 4
     assert all(a["rollout_devices"] % 8 == 0 for a in result.alternatives)
@@ -928,3 +930,82 @@ def test_a_simulated_comparison_plans_each_policys_placement_whatever_the_pipeli
     assert planned["areal"].launch.tail_placement == "none"  # the planner's (as in the test above), not the pipeline's
     assert all(c.cluster.rollout_devices > 1 for c in planned.values())  # (each planned: 1 is far too few here)
     assert planned_configs(cfg, ["areal"])["areal"].launch.tail_placement == "due"  # `bidirl simulate` keeps it
+
+
+def stalenesses_simulated(monkeypatch) -> set:
+    """The staleness bound of every run the simulator assembles from now on (filled as they run)."""
+    import bidirl.sim.run as sim_run
+
+    seen, real = set(), sim_run.assemble
+
+    def assemble_and_note(policy, shape, *args, **kwargs):
+        seen.add(shape.staleness)
+        return real(policy, shape, *args, **kwargs)
+
+    monkeypatch.setattr(sim_run, "assemble", assemble_and_note)
+    return seen
+
+
+def test_the_planner_tries_on_policy_and_doubling_bounds_below_the_pipelines_staleness():
+    from bidirl.planner import staleness_candidates
+
+    assert staleness_candidates(4) == [0, 1, 2, 4] and staleness_candidates(3) == [0, 1, 2, 3]
+    assert staleness_candidates(1) == [0, 1] and staleness_candidates(0.5) == [0, 0.5]  # (verl-async's fractions)
+
+
+def test_the_planner_keeps_the_fastest_staleness_within_the_bound_and_a_re_plan_keeps_it(monkeypatch):
+    from bidirl.planner import replanner
+
+    seen = stalenesses_simulated(monkeypatch)
+    cfg = small("launch.mode=bidirl", "sim.workload=math", "algorithm.staleness=2", "algorithm.plan_staleness=true")
+    chosen = plan(cfg, horizon=4)
+    assert seen == {0, 1, 2}
+    each = {s: plan(small("launch.mode=bidirl", "sim.workload=math", f"algorithm.staleness={s}",
+                          "algorithm.plan_staleness=false"), horizon=4) for s in (0, 1, 2)}
+    best = max(p.predicted_samples_per_s for p in each.values())
+    assert chosen.predicted_samples_per_s >= 0.995 * best  # the fastest, or a fresher one within 0.5%
+    assert (chosen.rollout_devices, chosen.predicted_samples_per_s) == (
+        each[chosen.staleness].rollout_devices, each[chosen.staleness].predicted_samples_per_s)
+    assert f"staleness {chosen.staleness:g} of at most 2" in chosen.reason
+    assert {a["staleness"] for a in chosen.alternatives} > {chosen.staleness}  # the others' best listed too
+    seen.clear()
+    replanner(cfg)(20.0)  # a re-plan at run time moves the split only, at the staleness the run keeps
+    assert seen == {2}
+
+
+def test_where_on_policy_runs_faster_the_plan_runs_on_policy_and_a_comparison_keeps_the_pipelines_bound():
+    from bidirl.compare import live_overrides, with_policy
+    from bidirl.planner import planned_config, planned_overrides
+
+    # 32B in instances of 8 on 32 H100s: 2 instances a pool. At eta 1 the pools pipeline and cannot balance;
+    # on-policy, every instance takes the one batch in turn (43.8 against 35.5 samples/s at 16/16)
+    cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.instance_devices=8", "sim.model=32B", "sim.workload=gsm8k",
+                                                   "train.prompts_per_step=512", "rollout.group_size=8",
+                                                   "launch.mode=bidirl", "algorithm.staleness=1"])
+    chosen = plan(cfg)
+    assert chosen.staleness == 0 and chosen.reason.startswith("staleness 0 of at most 1")
+    run = planned_config(cfg, chosen)
+    assert (run.algorithm.staleness, run.algorithm.plan_staleness, run.algorithm.staleness_bound) == (0, False, 1)
+    assert run.run_shape().staleness == 0  # the run keeps it: no sample is staler than on-policy
+    overrides = planned_overrides(cfg, chosen)
+    assert load_config("pipelines/sim-32gpu.yaml", ["cluster.instance_devices=8", *overrides]).algorithm.staleness == 0
+    # a comparison after the plan plans every policy afresh under the pipeline's bound, not under bidirl's pick
+    assert with_policy(run, "areal").algorithm.staleness == 1 and with_policy(run, "areal").algorithm.plan_staleness
+    fresh = load_config("pipelines/sim-32gpu.yaml", ["cluster.instance_devices=8", *overrides,
+                                                     *live_overrides(run, "areal")]).algorithm
+    assert (fresh.staleness, fresh.plan_staleness, fresh.staleness_bound) == (1, True, None)
+
+
+def test_a_plan_above_the_pipelines_staleness_bound_or_off_the_one_it_fixes_is_refused(tmp_path):
+    def pipeline(staleness, planned=True):
+        return small("launch.mode=bidirl", f"algorithm.staleness={staleness}", f"algorithm.plan_staleness={planned}")
+
+    path = write_plan(plan(pipeline(1, planned=False), horizon=4), tmp_path)
+    assert load_plan(path, pipeline(2)).staleness == 1  # within the bound
+    with pytest.raises(BidirlError, match="planned at staleness 1 but the pipeline has algorithm.staleness=0;"):
+        load_plan(path, pipeline(0))
+    with pytest.raises(BidirlError, match=r"algorithm.staleness=2 \(algorithm.plan_staleness: false\)"):
+        load_plan(path, pipeline(2, planned=False))
+    older = {k: v for k, v in json.loads(path.read_text()).items() if k != "staleness"}  # written before: the pipeline's
+    path.write_text(json.dumps(older))
+    assert load_plan(path, pipeline(0)).staleness is None

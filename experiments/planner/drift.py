@@ -34,7 +34,8 @@ def config(policy: str, steps: int, seed: int = 0):
     return load_config("pipelines/sim-32gpu.yaml", [
         "sim.workload=math-drift", f"train.steps={steps}", "train.prompts_per_step=256", "rollout.group_size=8",
         "algorithm.staleness=1", "launch.chunk_groups=8", f"seed={seed}", f"launch.mode={policy}",
-        f"launch.tail_placement={POLICY_CLASSES[policy].tail_placement.value}"])  # (the split alone is studied)
+        f"launch.tail_placement={POLICY_CLASSES[policy].tail_placement.value}",
+        "algorithm.plan_staleness=false"])  # (the split alone is studied)
 
 
 def compare(policy: str, steps: int, split: int):

@@ -58,7 +58,8 @@ def config(workload: str, eta: float, policy: str, steps: int = STEPS, seed: int
     return load_config("pipelines/sim-32gpu.yaml", [
         f"sim.workload={workload}", f"train.steps={steps}", f"algorithm.staleness={eta}", "launch.chunk_groups=8",
         f"seed={seed}", f"cluster.devices={devices}", f"launch.mode={policy}", *WORKLOADS[workload],
-        *PUBLISHED.get(policy, []), f"launch.tail_placement={placement or own(policy)}", *extra])
+        *PUBLISHED.get(policy, []), f"launch.tail_placement={placement or own(policy)}",
+        "algorithm.plan_staleness=false", *extra])  # (the split and placement at the cell's eta, exactly)
 
 
 def seed_mean(workload, eta, policy, split, placement: str = "") -> float:

@@ -26,8 +26,8 @@ BASELINES = ("areal", "roll", "streamrl")
 def run(workload: str, model: str, k: int, policy: str, steps: int):
     cfg = load_config("pipelines/sim-32gpu.yaml", [
         f"sim.workload={workload}", f"sim.model={model}", f"cluster.instance_devices={k}", f"train.steps={steps}",
-        "algorithm.staleness=1", "launch.chunk_groups=8", "rollout.group_size=8", f"launch.mode={policy}",
-        *WORKLOADS[workload]])
+        "algorithm.staleness=1", "algorithm.plan_staleness=false", "launch.chunk_groups=8", "rollout.group_size=8",
+        f"launch.mode={policy}", *WORKLOADS[workload]])  # (eta 1 exactly: borrowing at one staleness)
     return simulate(planned_config(cfg, plan(cfg, policy)), policy)  # (the planner's split and placement)
 
 

@@ -43,6 +43,10 @@ published setting, 1 is bidirl's own cadence), each at its own split (``best_spl
 samples each trains (in optimizer updates, over all 9 runs); ``verl-async`` at its better older-tail placement
 at each cadence, as in the table (``at_best``).
 
+After the table and its device-time detail, the table again with each policy at its best staleness within
+the row's bound, as ``bidirl plan`` chooses it (``algorithm.plan_staleness``): each cell the best of the rows
+at 0, 1, 2, 4 up to the row's eta. The rows themselves run their eta exactly (``EXACT_ETA``).
+
 ``--no-refine`` takes the planner's split as it is (how the tables before 2026-12-05 evening were made).
 
 ``--instances K`` runs the whole table with coarse instances (``cluster.instance_devices=K``: every
@@ -60,7 +64,7 @@ from multiprocessing import Pool
 from typing import Dict, List, Tuple
 
 from bidirl.config import load_config
-from bidirl.planner import plan
+from bidirl.planner import plan, staleness_candidates
 from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
@@ -72,6 +76,9 @@ BASELINES = ["verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async"]
 POLICIES = BASELINES + ["bidirl"]
 SPLIT_FREE = {"verl"}
 PUBLISHED = {"verl-async": ["algorithm.updates_per_sync=4"]}  # (no recompute: the policy's own)
+# each row runs its eta exactly (the planner would otherwise choose a lower one where faster: the table
+# below the main one, "at the best staleness within the bound", takes that from the rows themselves)
+EXACT_ETA = ["algorithm.plan_staleness=false"]
 SEEDS, CHUNKS, SEARCH_CHUNK = (0, 1, 2), (4, 8, 16), 8
 DEVICES = 32
 
@@ -82,8 +89,8 @@ EVERYONE: List[str] = []  # overrides for every policy (--no-recompute)
 def config(workload: str, eta: float, steps: int, seed: int, chunk: int, policy: str, extra=()):
     return load_config("pipelines/sim-32gpu.yaml", [
         f"sim.workload={workload}", f"train.steps={steps}", f"algorithm.staleness={eta}", f"launch.chunk_groups={chunk}",
-        f"seed={seed}", f"cluster.devices={DEVICES}", *WORKLOADS[workload], *PUBLISHED.get(policy, []), *EVERYONE,
-        *extra])
+        f"seed={seed}", f"cluster.devices={DEVICES}", *WORKLOADS[workload], *PUBLISHED.get(policy, []), *EXACT_ETA,
+        *EVERYONE, *extra])
 
 
 REFINE = [2]  # splits either side of the planner's pick searched again on the table's horizon (0: none)
@@ -153,7 +160,10 @@ def at_best(workload, eta, steps, policy, extra=()) -> Tuple[str, Dict[Tuple[int
     return best[1], best[2]
 
 
-def row(args) -> Tuple[str, List[str]]:
+Runs = Dict[Tuple[int, int], float]  # (seed, chunk) -> samples/s
+
+
+def row(args) -> Tuple[str, List[str], Dict[str, Runs]]:
     workload, eta, steps = args
     placements, results = {}, {}
     for p in POLICIES:
@@ -177,7 +187,27 @@ def row(args) -> Tuple[str, List[str]]:
                       f"{breakdown(one.time_breakdown.get('rollout'))} | {breakdown(one.time_breakdown.get('train'))} | "
                       f"{one.decode_batch:.0f} x {one.decoding_instances:.1f} | "
                       f"{one.decode_capacity} ({one.decode_token_cost:.1f}x) |")
-    return line, detail
+    return line, detail, {p: {key: r.samples_per_s for key, r in results[p].items()} for p in POLICIES}
+
+
+def within_bound_rows(table: Dict[Tuple[str, float], Dict[str, Runs]]) -> List[str]:
+    """The table again with each policy at its best staleness within the row's bound, as ``bidirl plan``
+    chooses it (``algorithm.plan_staleness``: 0, then 1, 2, 4, ... below the bound, and the bound): each
+    cell the best of the rows at those etas -- each row is the policy at exactly that eta, searched as
+    above, so this needs no run of its own. A row some of whose candidates were not run is left out."""
+    lines = []
+    for (workload, eta), _ in table.items():
+        candidates = [(workload, s) for s in staleness_candidates(eta)]
+        if not all(c in table for c in candidates):
+            continue
+        best = {p: max(candidates, key=lambda c: statistics.mean(table[c][p].values())) for p in POLICIES}
+        mean = {p: statistics.mean(table[best[p]][p].values()) for p in POLICIES}
+        top = max(BASELINES, key=lambda p: mean[p])
+        ratios = [table[best["bidirl"]]["bidirl"][key] / table[best[top]][top][key] for key in table[best[top]][top]]
+        lines.append(f"| {workload} | {eta} | {top} {mean[top]:.2f} (at {best[top][1]:g}) | "
+                     f"{mean['bidirl']:.2f} (at {best['bidirl'][1]:g}) | "
+                     f"{statistics.mean(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] |")
+    return lines
 
 
 def placed_splits(workload, eta, steps) -> Dict[Tuple[str, str], int]:
@@ -268,10 +298,18 @@ def main(argv: List[str]) -> None:
     print("|" + "---|" * len(header), flush=True)
     jobs = [(workload, eta, steps) for workload, eta in rows]
     details: List[str] = []
+    table: Dict[Tuple[str, float], Dict[str, Runs]] = {}
     with Pool(processes) as pool:
-        for line, detail in pool.imap(row, jobs):
+        for (workload, eta, _), (line, detail, runs_by_policy) in zip(jobs, pool.imap(row, jobs)):
             print(line, flush=True)
             details += detail
+            table[(workload, eta)] = runs_by_policy
+    print("\nEach policy at its best staleness within the row's bound (the rows above at 0, 1, 2, 4 up to it: "
+          "what `bidirl plan` chooses under algorithm.plan_staleness)\n")
+    print("| workload | eta (bound) | best baseline (samples/s, at staleness) | bidirl (samples/s, at staleness) | "
+          "bidirl / best: mean [min-max] |")
+    print("|---|---|---|---|---|")
+    print("\n".join(within_bound_rows(table)))
     print("\nDevice-time by cause (seed 0, chunk 8), per pool: busy / tail / admission / switching / draining / "
           "syncing / no reason, %\n")
     print("| workload | eta | policy | split | samples/s | step s | bound s | efficiency | window bound s | "

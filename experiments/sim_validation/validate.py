@@ -47,7 +47,8 @@ CASE_B = ["cluster.devices=32", "sim.hardware=H20", "sim.workload=dapo-28k", "tr
           "rollout.group_size=16", "train.steps=20", "launch.chunk_groups=8"]
 # the published fully-async run: staleness_threshold 0.5, partial rollout, trigger_parameter_sync_step 4
 # (4 streamed updates per sync), old log-probs taken from the rollout (no recompute); colocated recomputes
-FULLY_ASYNC = ["algorithm.staleness=0.5", "algorithm.updates_per_sync=4"]  # (no recompute: verl-async's own)
+FULLY_ASYNC = ["algorithm.staleness=0.5", "algorithm.updates_per_sync=4",  # (no recompute: verl-async's own)
+               "algorithm.plan_staleness=false"]  # (the published threshold, exactly)
 
 
 def case_b() -> List[str]:
