@@ -51,6 +51,9 @@ class Row:
     accuracy_end: Optional[float] = None
     run_dir: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)
+    # the staleness bound it ran at: the pipeline's, or a lower one the planner chose for it
+    # (algorithm.plan_staleness); None where not recorded (a peer library's run)
+    staleness: Optional[float] = None
 
 
 def parse_baselines(text: str) -> List[str]:
@@ -194,7 +197,8 @@ def live_row(name: str, folder: Path) -> Row:
                summary["switches"].get("count", 0), summary.get("leases", {}),
                accuracy_start=summary.get("accuracy_start"), accuracy_end=summary.get("accuracy_end"),
                run_dir=str(folder), extra={"staleness_histogram": summary.get("staleness_histogram", {}),
-                                           "migrations": len(summary.get("migrations", []))})
+                                           "migrations": len(summary.get("migrations", []))},
+               staleness=summary.get("eta"))
 
 
 # ---- simulated -----------------------------------------------------------------------------------
@@ -213,7 +217,7 @@ def compare_simulated(cfg: PipelineConfig, policies: List[str], out: Path) -> Li
         write_outputs(results, out / "compare")
     return [Row(name, label_of(name), "simulated", r.split if r.rollout_devices else f"colocated x{r.devices}",
                 r.samples_per_s, r.time_breakdown, r.switches, r.leases,
-                bound_ratio=r.efficiency, run_dir=str(out / "compare"))
+                bound_ratio=r.efficiency, run_dir=str(out / "compare"), staleness=r.eta)
             for name, r in zip(policies, results)]
 
 
@@ -237,7 +241,8 @@ def table_rows(rows: List[Row]) -> List[List[str]]:
     for r in rows:
         accuracy = (f"{100 * r.accuracy_start:.1f} -> {100 * r.accuracy_end:.1f}"
                     if r.accuracy_start is not None and r.accuracy_end is not None else "-")
-        out.append([r.name, r.label, r.where, r.split, f"{r.samples_per_s:.2f}",
+        out.append([r.name, r.label, r.where, r.split, f"{r.staleness:g}" if r.staleness is not None else "-",
+                    f"{r.samples_per_s:.2f}",
                     f"{bidirl.samples_per_s / r.samples_per_s:.2f}x" if r.samples_per_s else "-",
                     pool_cell(r.time_breakdown.get("rollout")), pool_cell(r.time_breakdown.get("train")),
                     f"{r.bound_ratio:.2f}" if r.bound_ratio is not None else "-", str(r.switches), lease_cell(r.leases),
@@ -245,8 +250,8 @@ def table_rows(rows: List[Row]) -> List[List[str]]:
     return out
 
 
-HEADER = ["policy", "what it is", "run", "split r/t", "samples/s", "bidirl / this", "rollout pool", "train pool",
-          "bound / step", "switches", "leases r->t / t->r", "held-out accuracy %"]
+HEADER = ["policy", "what it is", "run", "split r/t", "staleness", "samples/s", "bidirl / this", "rollout pool",
+          "train pool", "bound / step", "switches", "leases r->t / t->r", "held-out accuracy %"]
 
 
 def print_rows(rows: List[Row]) -> None:

@@ -137,11 +137,12 @@ class AlgorithmConfig:
     # eta: versions a sample may lag the weights it is trained on (0 = on-policy). Policies with
     # count-only staleness (verl-async) take fractions, like veRL's staleness_threshold.
     staleness: float = 1
-    # is algorithm.staleness a bound the planner may run below? Where it plans the split
-    # (cluster.rollout_devices: 0; `bidirl plan`), it then also tries 0 (on-policy) and 1, 2, 4, ... below
-    # the bound, and the run keeps the fastest (near-ties: the freshest). Fresher samples learn no worse, and
-    # a lower bound can run faster: in instances of 8 devices (32B) bidirl runs on-policy 1.2-1.3x faster
-    # than at eta 1. false: exactly algorithm.staleness
+    # is algorithm.staleness a bound the planner may run below? Wherever it plans (`bidirl plan`, a plan
+    # stage, cluster.rollout_devices or cluster.instance_devices 0 in simulate and launch, every policy of
+    # `bidirl compare`), it then also tries 0 (on-policy) and 1, 2, 4, ... below the bound, and the run keeps
+    # the fastest (near-ties: the freshest). Fresher samples learn no worse, and a lower bound can run
+    # faster: in instances of 8 devices (32B) bidirl runs on-policy 1.2-1.3x faster than at eta 1.
+    # false: exactly algorithm.staleness
     plan_staleness: bool = True
     # set by a plan that chose a lower staleness than the pipeline's: the bound it was chosen under (so that
     # `bidirl compare` plans every policy under the same bound); null otherwise
@@ -520,6 +521,10 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     if bound is not None and bound < cfg.algorithm.staleness:  # (a plan's record: never below what runs)
         raise ConfigError(f"{source}: key 'algorithm.staleness_bound' ({bound:g}) must be at least "
                           f"algorithm.staleness ({cfg.algorithm.staleness:g})")
+    if bound is not None and cfg.algorithm.plan_staleness:  # (a run a plan fixed: the bound is its record)
+        raise ConfigError(f"{source}: key 'algorithm.staleness_bound' is a plan's record of the bound a staleness "
+                          "was chosen under: it needs algorithm.plan_staleness=false (set the bound itself as "
+                          "algorithm.staleness)")
     if cfg.rollout.top_p != 1.0:  # (0 < top_p < 1 would be a nucleus; bidirl's RL samples the whole distribution)
         raise ConfigError(f"{source}: key 'rollout.top_p' must be 1.0: a truncated sampling distribution's log-probs "
                           f"are not what the trainer computes (vLLM reports them truncated, the HF engine and the "

@@ -322,7 +322,7 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
 
 
 def merged_alternatives(chosen: Plan, plans: List[Plan]) -> List[Dict[str, Any]]:
-    """What a plan chosen among ``plans`` (of instance sizes, or placements) lists: its own best three
+    """What a plan chosen among ``plans`` (of instance sizes, staleness bounds, or placements) lists: its own best three
     splits, the chosen one first, then the best of the others', six in all."""
     others = sorted((a for p in plans if p is not chosen for a in p.alternatives), key=lambda a: -a["samples_per_s"])
     return (chosen.alternatives[:3] + others)[:6]
@@ -330,15 +330,20 @@ def merged_alternatives(chosen: Plan, plans: List[Plan]) -> List[Dict[str, Any]]
 
 def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload: Optional[Workload],
                    check_memory: bool, driver: Optional[DriverCapabilities], compared: str) -> List[Plan]:
-    """``plans`` (of instance sizes, or placements) made comparable: a plan whose close call was settled on
+    """``plans`` (of instance sizes, staleness bounds, or placements) made comparable: a plan whose close call was settled on
     twice the horizon has the longer one, and a split scores differently there. The others' picks are
-    planned again on the longest, alone, at their own instance size and placement (on a replica too, where
-    the cluster is large, as their first plans were)."""
+    planned again on the longest, alone, at their own instance size, staleness and placement (on a replica
+    too, where the cluster is large, as their first plans were)."""
     longest = max(p.horizon_steps for p in plans)
-    return [p if p.horizon_steps == longest else dataclasses.replace(
-        plan(with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)),
-                                  p), policy, longest, workload, check_memory, driver, splits=[p.rollout_devices]),
-        reason=f"{p.reason}; scored again on {longest} steps to compare {compared}") for p in plans]
+
+    def again(p: Plan) -> Plan:
+        again = plan(with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices),
+                                                         TailPlacement(p.tail_placement)), p),
+                     policy, longest, workload, check_memory, driver, splits=[p.rollout_devices])
+        return dataclasses.replace(again, reason=f"{p.reason}; scored again on {longest} steps to compare {compared}",
+                                   simulated_splits=p.simulated_splits + again.simulated_splits)
+
+    return [p if p.horizon_steps == longest else again(p) for p in plans]
 
 
 def staleness_is_open(cfg: PipelineConfig, policy: str) -> bool:
@@ -594,7 +599,8 @@ def replanner(cfg: PipelineConfig, policy: Optional[str] = None,
 def replanners(cfg: PipelineConfig, policies: List[str],
                planned: Optional[Dict[str, PipelineConfig]] = None) -> Dict[str, Callable[[float], int]]:
     """For ``bidirl simulate``: with ``cluster.replan_every``, a replanner for each policy that has a
-    partition, at the instance size and older-tail placement it runs (``planned[policy]``'s, if given)."""
+    partition, at the instance size, staleness and older-tail placement it runs (``planned[policy]``'s, if
+    given)."""
     if not cfg.cluster.replan_every:
         return {}
     planned = planned or {}
@@ -611,8 +617,9 @@ def needs_planning(cfg: PipelineConfig, policy: str) -> bool:
 
 def resolve_partition(cfg: PipelineConfig, policy: Optional[str] = None) -> PipelineConfig:
     """``cluster.rollout_devices: 0`` (and ``cluster.instance_devices: 0``) mean "ask the planner": the
-    config with the planned split (and instance size, and under ``launch.tail_placement: auto`` the
-    older-tail placement) filled in (unchanged for colocated policies and for a split the user chose)."""
+    config with the planned split (and instance size, the staleness under ``algorithm.plan_staleness``, and
+    under ``launch.tail_placement: auto`` the older-tail placement) filled in (unchanged for colocated
+    policies and for a split the user chose)."""
     policy = policy or cfg.launch.mode
     if not needs_planning(cfg, policy):
         return cfg
@@ -624,8 +631,7 @@ def planned_config(cfg: PipelineConfig, result: Plan) -> PipelineConfig:
     staleness (a lower one than the pipeline's is run exactly, the pipeline's kept as its bound) and
     older-tail placement (a plan that left it ``auto`` leaves the configured one)."""
     auto = result.tail_placement == TailPlacement.AUTO.value
-    lower = result.staleness is not None and result.staleness < cfg.algorithm.staleness
-    cfg = with_staleness(cfg, result.staleness) if lower else cfg
+    cfg = with_staleness(cfg, result.staleness) if chose_staleness(cfg, result) else cfg
     return dataclasses.replace(cfg, cluster=dataclasses.replace(
         cfg.cluster, rollout_devices=result.rollout_devices or cfg.cluster.rollout_devices,
         instance_devices=result.instance_devices),
@@ -636,17 +642,24 @@ def planned_overrides(cfg: PipelineConfig, result: Plan) -> List[str]:
     """The ``key=value`` overrides that make a run of ``cfg`` follow ``result``: its split, and its
     older-tail placement and staleness where the plan chose ones the config does not say."""
     placed = result.tail_placement not in (TailPlacement.AUTO.value, cfg.launch.tail_placement)
-    lower = result.staleness is not None and result.staleness < cfg.algorithm.staleness
+    chosen = with_staleness(cfg, result.staleness).algorithm if chose_staleness(cfg, result) else None
+    bound = "null" if chosen is None or chosen.staleness_bound is None else repr(chosen.staleness_bound)
     return [f"cluster.rollout_devices={result.rollout_devices}",
             *([f"launch.tail_placement={result.tail_placement}"] if placed else []),
-            *([f"algorithm.staleness={result.staleness:g}", "algorithm.plan_staleness=false",
-               f"algorithm.staleness_bound={staleness_bound(cfg):g}"] if lower else [])]
+            *([f"algorithm.staleness={chosen.staleness!r}", "algorithm.plan_staleness=false",
+               f"algorithm.staleness_bound={bound}"] if chosen else [])]
+
+
+def chose_staleness(cfg: PipelineConfig, result: Plan) -> bool:
+    """Was ``result`` scored at another staleness than ``cfg`` runs (one the planner chose under its bound)?"""
+    return result.staleness is not None and result.staleness != cfg.algorithm.staleness
 
 
 def live_partition(cfg: PipelineConfig) -> List[str]:
-    """For ``bidirl launch``: the overrides that fix the planned split (and placement), or nothing. A live run is planned
-    on a profile of its own devices (``sim.profile``); without one, the policy's default split is used.
-    The live engines run one device each, so ``cluster.instance_devices: 0`` (the planner's choice) is 1."""
+    """For ``bidirl launch``: the overrides that fix the planned split (and staleness, and placement), or
+    nothing. A live run is planned on a profile of its own devices (``sim.profile``); without one, the
+    policy's default split is used. The live engines run one device each, so ``cluster.instance_devices:
+    0`` (the planner's choice) is 1."""
     from bidirl.ui import say
 
     if cfg.cluster.replan_every and not cfg.sim.profile and cfg.cluster.device_type == "cpu":
@@ -684,8 +697,8 @@ def live_prior(cfg: PipelineConfig) -> Tuple[Optional[Estimates], str]:
 def planned_configs(cfg: PipelineConfig, policies: List[str],
                     each: Optional[Callable[[PipelineConfig, str], PipelineConfig]] = None) -> Dict[str, PipelineConfig]:
     """For ``bidirl simulate``: each policy's config (``each(cfg, policy)``, if given: ``bidirl compare``
-    clears the split and placement for the planner), with its planned split (and instance size, and
-    older-tail placement) where ``cluster.rollout_devices`` (``cluster.instance_devices``) is 0."""
+    clears the split, placement and staleness for the planner), with its planned split (and instance size,
+    staleness and older-tail placement) where ``cluster.rollout_devices`` (``cluster.instance_devices``) is 0."""
     try:
         return {p: resolve_partition(each(cfg, p) if each else cfg, p) for p in policies}
     except (ValueError, RuntimeError) as exc:  # an impossible setting: the same line simulate would give
@@ -785,10 +798,11 @@ def load_plan(path: str | Path, cfg: PipelineConfig) -> Plan:
     if staleness is not None:
         if isinstance(staleness, bool) or not isinstance(staleness, (int, float)) or not 0 <= staleness < math.inf:
             raise BidirlError(f"{path}: key 'staleness' must be a number >= 0; plan again with `bidirl plan`")
-        fixed = not cfg.algorithm.plan_staleness and cfg.algorithm.staleness_bound is None  # (the user's, exactly)
+        fixed = not cfg.algorithm.plan_staleness  # (the user's, or one a plan already chose: exactly)
         if staleness > staleness_bound(cfg) or (fixed and staleness != cfg.algorithm.staleness):
-            raise BidirlError(f"{path}: planned at staleness {staleness:g} but the pipeline has algorithm.staleness="
-                              f"{cfg.algorithm.staleness:g}{' (algorithm.plan_staleness: false)' if fixed else ''}; "
+            has = (f"algorithm.staleness={cfg.algorithm.staleness:g} (algorithm.plan_staleness: false)" if fixed
+                   else f"algorithm.staleness={staleness_bound(cfg):g}")
+            raise BidirlError(f"{path}: planned at staleness {staleness:g} but the pipeline has {has}; "
                               "plan again with `bidirl plan`")
     return Plan(**{n: data[n] for n in names if n not in optional}, instance_devices=k, tail_placement=placement,
                 staleness=staleness)

@@ -138,6 +138,18 @@ def test_the_reports_plan_table_names_each_rows_older_tail_placement_where_the_p
                     "| alternative | 22 | 1 | due | 32.2 | 1 |"]
 
 
+def test_the_reports_plan_table_names_each_rows_staleness_where_the_planner_chose_among_several(tmp_path):
+    from bidirl.report import plan_section
+
+    alternatives = [{"rollout_devices": 16, "instance_devices": 8, "staleness": s, "samples_per_s": v, "step_s": 1.0}
+                    for s, v in ((0.0, 43.8), (1.0, 35.5))]
+    (tmp_path / "plan.json").write_text(json.dumps({"reason": "r", "predicted_samples_per_s": 43.8, "staleness": 0.0,
+                                                    "predicted_step_s": 1.0, "alternatives": alternatives}))
+    rows = [line for line in plan_section(tmp_path) if line.startswith("| ") and line[2].isalpha()]
+    assert rows == ["| split | rollout devices | devices per instance | staleness | samples/s | step s |",
+                    "| chosen | 16 | 8 | 0 | 43.8 | 1 |", "| alternative | 16 | 8 | 1 | 35.5 | 1 |"]
+
+
 def test_a_report_writes_a_dash_for_a_figure_the_run_wrote_as_null_rather_than_failing_the_finished_run(tmp_path):
     from bidirl.report import write_report
 

@@ -973,9 +973,10 @@ def test_the_planner_keeps_the_fastest_staleness_within_the_bound_and_a_re_plan_
     assert seen == {2}
 
 
-def test_where_on_policy_runs_faster_the_plan_runs_on_policy_and_a_comparison_keeps_the_pipelines_bound():
+def test_where_on_policy_runs_faster_the_plan_runs_on_policy_and_a_comparison_keeps_the_pipelines_bound(
+        monkeypatch, tmp_path):
     from bidirl.compare import live_overrides, with_policy
-    from bidirl.planner import planned_config, planned_overrides
+    from bidirl.planner import planned_config, planned_overrides, replanner
 
     # 32B in instances of 8 on 32 H100s: 2 instances a pool. At eta 1 the pools pipeline and cannot balance;
     # on-policy, every instance takes the one batch in turn (43.8 against 35.5 samples/s at 16/16)
@@ -984,9 +985,12 @@ def test_where_on_policy_runs_faster_the_plan_runs_on_policy_and_a_comparison_ke
                                                    "launch.mode=bidirl", "algorithm.staleness=1"])
     chosen = plan(cfg)
     assert chosen.staleness == 0 and chosen.reason.startswith("staleness 0 of at most 1")
-    run = planned_config(cfg, chosen)
+    run = planned_config(cfg, load_plan(write_plan(chosen, tmp_path), cfg))  # (through plan.json, as a launch)
     assert (run.algorithm.staleness, run.algorithm.plan_staleness, run.algorithm.staleness_bound) == (0, False, 1)
     assert run.run_shape().staleness == 0  # the run keeps it: no sample is staler than on-policy
+    seen = stalenesses_simulated(monkeypatch)
+    replanner(run)(150.0)  # and so does a re-plan at run time
+    assert seen == {0}
     overrides = planned_overrides(cfg, chosen)
     assert load_config("pipelines/sim-32gpu.yaml", ["cluster.instance_devices=8", *overrides]).algorithm.staleness == 0
     # a comparison after the plan plans every policy afresh under the pipeline's bound, not under bidirl's pick

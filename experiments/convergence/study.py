@@ -61,7 +61,8 @@ ARMS = {"sync": ["cluster.devices=1", "launch.mode=sync"]}
 for _suffix, _correction in CORRECTIONS.items():
     for _eta in ETAS:
         ARMS[f"bidirl-eta{_eta}{_suffix}"] = ["cluster.devices=2", "launch.mode=bidirl",
-                                             f"algorithm.staleness={_eta}", *_correction]
+                                             f"algorithm.staleness={_eta}", "algorithm.plan_staleness=false",
+                                             *_correction]  # (each arm at its eta exactly)
         ARMS[f"async-eta{_eta}{_suffix}"] = ["cluster.devices=2", "cluster.rollout_devices=1", "launch.mode=async",
                                             f"algorithm.staleness={_eta}", *_correction]
 # The task every arm trains on. The CPU default's is small: its held-out split holds 605 distinct problems,

@@ -64,7 +64,7 @@ from multiprocessing import Pool
 from typing import Dict, List, Tuple
 
 from bidirl.config import load_config
-from bidirl.planner import plan, staleness_candidates
+from bidirl.planner import TIE, plan, staleness_candidates
 from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
@@ -193,14 +193,19 @@ def row(args) -> Tuple[str, List[str], Dict[str, Runs]]:
 def within_bound_rows(table: Dict[Tuple[str, float], Dict[str, Runs]]) -> List[str]:
     """The table again with each policy at its best staleness within the row's bound, as ``bidirl plan``
     chooses it (``algorithm.plan_staleness``: 0, then 1, 2, 4, ... below the bound, and the bound): each
-    cell the best of the rows at those etas -- each row is the policy at exactly that eta, searched as
-    above, so this needs no run of its own. A row some of whose candidates were not run is left out."""
+    cell the best of the rows at those etas, the freshest within ``TIE`` of it -- each row is the policy at
+    exactly that eta, searched as above, so this needs no run of its own. A row some of whose candidates
+    were not run is left out."""
     lines = []
     for (workload, eta), _ in table.items():
         candidates = [(workload, s) for s in staleness_candidates(eta)]
         if not all(c in table for c in candidates):
             continue
-        best = {p: max(candidates, key=lambda c: statistics.mean(table[c][p].values())) for p in POLICIES}
+        def freshest_of_the_best(p):  # (as the planner: the lowest staleness within TIE of the best)
+            means = [statistics.mean(table[c][p].values()) for c in candidates]
+            return next(c for c, m in zip(candidates, means) if m >= (1 - TIE) * max(means))
+
+        best = {p: freshest_of_the_best(p) for p in POLICIES}
         mean = {p: statistics.mean(table[best[p]][p].values()) for p in POLICIES}
         top = max(BASELINES, key=lambda p: mean[p])
         ratios = [table[best["bidirl"]]["bidirl"][key] / table[best[top]][top][key] for key in table[best[top]][top]]
