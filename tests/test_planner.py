@@ -18,8 +18,7 @@ from bidirl.sim.run import perf_model, simulate
 
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 SMALL = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
-         "launch.chunk_groups=8", "launch.mode=areal",
-         "algorithm.plan_staleness=false"]  # (the split and placement at the eta given: the staleness's own tests say true)
+         "launch.chunk_groups=8", "launch.mode=areal"]
 
 
 def small(*overrides):
@@ -982,7 +981,8 @@ def test_where_on_policy_runs_faster_the_plan_runs_on_policy_and_a_comparison_ke
     # on-policy, every instance takes the one batch in turn (43.8 against 35.5 samples/s at 16/16)
     cfg = load_config("pipelines/sim-32gpu.yaml", ["cluster.instance_devices=8", "sim.model=32B", "sim.workload=gsm8k",
                                                    "train.prompts_per_step=512", "rollout.group_size=8",
-                                                   "launch.mode=bidirl", "algorithm.staleness=1"])
+                                                   "launch.mode=bidirl", "algorithm.staleness=1",
+                                                   "algorithm.plan_staleness=true"])
     chosen = plan(cfg)
     assert chosen.staleness == 0 and chosen.reason.startswith("staleness 0 of at most 1")
     run = planned_config(cfg, load_plan(write_plan(chosen, tmp_path), cfg))  # (through plan.json, as a launch)

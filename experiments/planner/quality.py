@@ -132,8 +132,9 @@ def close_call_cell(args) -> str:
 
 def speed() -> None:
     for devices, steps in ((32, 200), (1024, 100)):  # speed.py's clusters: 16 prompts x 8 per device and step
-        cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices,  # (auto: as `bidirl plan` runs it)
-                     extra=[f"train.prompts_per_step={16 * devices}"], placement="auto")
+        cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices,  # (as `bidirl plan` runs it: the
+                     extra=[f"train.prompts_per_step={16 * devices}", "algorithm.plan_staleness=true"],  # staleness
+                     placement="auto")  # and the placement chosen too)
         start = time.perf_counter()
         result = plan(cfg)
         print(f"{devices} devices: plan in {time.perf_counter() - start:.1f} s "

@@ -76,8 +76,9 @@ BASELINES = ["verl", "areal", "roll", "streamrl", "verl-dynamic", "verl-async"]
 POLICIES = BASELINES + ["bidirl"]
 SPLIT_FREE = {"verl"}
 PUBLISHED = {"verl-async": ["algorithm.updates_per_sync=4"]}  # (no recompute: the policy's own)
-# each row runs its eta exactly (the planner would otherwise choose a lower one where faster: the table
-# below the main one, "at the best staleness within the bound", takes that from the rows themselves)
+# each row runs its eta exactly, whatever the default (with algorithm.plan_staleness the planner would choose a
+# lower one where faster: the table after the main one, "at the best staleness within the bound", takes that
+# from the rows themselves)
 EXACT_ETA = ["algorithm.plan_staleness=false"]
 SEEDS, CHUNKS, SEARCH_CHUNK = (0, 1, 2), (4, 8, 16), 8
 DEVICES = 32
