@@ -309,14 +309,21 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     plans = [plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver)
              for k in fitting_sizes(cfg, policy, check_memory)]
     plans = on_one_horizon(cfg, plans, policy, workload, check_memory, driver, "instance sizes")
+    return chosen_among(plans, start, "instance size", lambda p: f"{p.instance_devices}", "the smallest size",
+                        lambda p: f"instances of {p.instance_devices} device{'s' if p.instance_devices > 1 else ''}")
+
+
+def chosen_among(plans: List[Plan], start: float, by: str, label: Callable[[Plan], str], preferred: str,
+                 named: Callable[[Plan], str]) -> Plan:
+    """The first of ``plans`` (of instance sizes, staleness bounds, or placements, in order of preference:
+    ``preferred`` says which) within ``TIE`` of the best, its reason saying why and each one's score, its
+    alternatives the best of all of them (:func:`merged_alternatives`), its cost theirs."""
     top = max(p.predicted_samples_per_s for p in plans)
-    chosen = min((p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top), key=lambda p: p.instance_devices)
-    sizes = ", ".join(f"{p.instance_devices}: {p.predicted_samples_per_s:.3g}" for p in plans)
-    reason = (f"instances of {chosen.instance_devices} device{'s' if chosen.instance_devices > 1 else ''} (best "
-              f"samples/s by instance size: {sizes}"
-              f"{'; within 0.5% of the best, the smallest size' if chosen.predicted_samples_per_s < top else ''}); "
-              f"{chosen.reason}")
-    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans), reason=reason,
+    chosen = next(p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top)
+    scores = ", ".join(f"{label(p)}: {p.predicted_samples_per_s:.3g}" for p in plans)
+    tie = f"; within {TIE:.1%} of the best, {preferred}" if chosen.predicted_samples_per_s < top else ""
+    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans),
+                               reason=f"{named(chosen)} (best samples/s by {by}: {scores}{tie}); {chosen.reason}",
                                simulated_splits=sum(p.simulated_splits for p in plans),
                                plan_seconds=round(time.perf_counter() - start, 2))
 
@@ -401,16 +408,9 @@ def plan_staleness(cfg: PipelineConfig, policy: str, horizon: Optional[int], wor
     bound = cfg.algorithm.staleness
     plans = on_one_horizon(cfg, [plan(with_staleness(cfg, s), policy, horizon, workload, check_memory, driver, splits)
                                  for s in staleness_candidates(bound)], policy, workload, check_memory, driver,
-                           "staleness bounds")
-    top = max(p.predicted_samples_per_s for p in plans)
-    chosen = next(p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top)  # (the freshest first)
-    scores = ", ".join(f"{p.staleness:g}: {p.predicted_samples_per_s:.3g}" for p in plans)
-    tie = f"; within {TIE:.1%} of the best, the freshest" if chosen.predicted_samples_per_s < top else ""
-    reason = (f"staleness {chosen.staleness:g} of at most {bound:g} (best samples/s by staleness: {scores}{tie}); "
-              f"{chosen.reason}")
-    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans), reason=reason,
-                               simulated_splits=sum(p.simulated_splits for p in plans),
-                               plan_seconds=round(time.perf_counter() - start, 2))
+                           "staleness bounds")  # (the freshest first)
+    return chosen_among(plans, start, "staleness", lambda p: f"{p.staleness:g}", "the freshest",
+                        lambda p: f"staleness {p.staleness:g} of at most {bound:g}")
 
 
 def placement_is_open(cfg: PipelineConfig, policy: str, driver: Optional[DriverCapabilities],
@@ -442,14 +442,8 @@ def plan_placements(cfg: PipelineConfig, policy: str, horizon: Optional[int], wo
     order = [own] + [p for p in (TailPlacement.DUE, TailPlacement.NONE) if p is not own]
     plans = on_one_horizon(cfg, [plan(with_placement(cfg, p), policy, horizon, workload, check_memory, driver, splits)
                                  for p in order], policy, workload, check_memory, driver, "placements")
-    top = max(p.predicted_samples_per_s for p in plans)
-    chosen = next(p for p in plans if p.predicted_samples_per_s >= (1 - TIE) * top)  # (the policy's own first)
-    scores = ", ".join(f"{p.tail_placement}: {p.predicted_samples_per_s:.3g}" for p in plans)
-    tie = f"; within {TIE:.1%} of the best, the policy's own" if chosen.predicted_samples_per_s < top else ""
-    reason = f"older-tail placement '{chosen.tail_placement}' (best samples/s by placement: {scores}{tie}); {chosen.reason}"
-    return dataclasses.replace(chosen, alternatives=merged_alternatives(chosen, plans), reason=reason,
-                               simulated_splits=sum(p.simulated_splits for p in plans),
-                               plan_seconds=round(time.perf_counter() - start, 2))
+    return chosen_among(plans, start, "placement", lambda p: p.tail_placement, "the policy's own",
+                        lambda p: f"older-tail placement '{p.tail_placement}'")
 
 
 def preflight(cfg: PipelineConfig, policy: str, check_memory: bool = True) -> List[int]:
@@ -715,13 +709,13 @@ def print_plan(result: Plan) -> None:
     table = Table(title=f"plan for '{result.policy}' on {result.devices} devices ({result.model}, "
                         f"{result.horizon_steps}-step horizon, {result.simulated_splits} splits simulated)")
     placed = any(placement_of(result, alt) != TailPlacement.AUTO.value for alt in result.alternatives)
-    stalenesses = {alt.get("staleness", result.staleness) for alt in result.alternatives}
+    stalenesses = {staleness_of(result, alt) for alt in result.alternatives}
     for column in ("split r/t", "instance", *(("staleness",) if len(stalenesses) > 1 else ()),
                    *(("older tails",) if placed else ()), "samples/s", "step s", ""):
         table.add_column(column, justify="right")
     for alt in result.alternatives:
         k, placement = alt.get("instance_devices", result.instance_devices), placement_of(result, alt)
-        staleness = alt.get("staleness", result.staleness)
+        staleness = staleness_of(result, alt)
         chosen = (alt["rollout_devices"], k, placement, staleness) == (
             result.rollout_devices, result.instance_devices, result.tail_placement, result.staleness)
         table.add_row(f"{alt['rollout_devices']}/{result.devices - alt['rollout_devices']}" if alt["rollout_devices"]
@@ -737,6 +731,11 @@ def print_plan(result: Plan) -> None:
 def placement_of(result: Plan, alternative: Dict[str, Any]) -> str:
     """The older-tail placement an alternative was scored at (plans written before they named one: the plan's)."""
     return alternative.get("tail_placement", result.tail_placement)
+
+
+def staleness_of(result: Plan, alternative: Dict[str, Any]) -> Optional[float]:
+    """The staleness an alternative was scored at (likewise)."""
+    return alternative.get("staleness", result.staleness)
 
 
 def write_plan(result: Plan, out: Path) -> Path:
