@@ -96,7 +96,7 @@ def live_overrides(cfg: PipelineConfig, name: str) -> List[str]:
 
     fresh = unplanned_staleness(cfg).algorithm
     return [f"cluster.devices={max(2, cfg.cluster.devices)}", f"launch.mode={name}", "cluster.rollout_devices=0",
-            "launch.tail_placement=auto", f"algorithm.staleness={fresh.staleness:g}",
+            "launch.tail_placement=auto", f"algorithm.staleness={fresh.staleness!r}",
             f"algorithm.plan_staleness={str(fresh.plan_staleness).lower()}", "algorithm.staleness_bound=null"]
 
 
