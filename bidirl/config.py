@@ -181,6 +181,11 @@ class LaunchConfig:
     # costs measured during the run (and roll, streamrl, verl-dynamic, the bidirl ablations).
     mode: str = "sync"
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
+    # groups a live rollout device may hold in flight at once (continuous batching): a chunk started on a
+    # device still generating joins its engine's running batch, taking the slots of requests that ended.
+    # 0 = one chunk at a time; else at least chunk_groups (vLLM joins; the HF engine's static batches run
+    # such chunks one after the other). The simulator's devices hold a KV cache's worth (its perf model)
+    inflight_groups: int = 0
     # which older tails (groups a device still decodes, started with weights older than it now holds) keep
     # new groups off that device: due = one the next step must contain, none = no tail (continuous
     # batching), auto = the planner's choice of the two where it plans the split (cluster.rollout_devices: 0;
@@ -278,8 +283,9 @@ class PipelineConfig:
     def live_driver(self) -> DriverCapabilities:
         """What the live runtime can do with this config (every config: a streamed step computes its
         micro-batches as unnormalised sums and scales the gradient once its batch is complete, by the one
-        normaliser loss and KL share -- the batch's tokens, or its sequences)."""
-        return LIVE
+        normaliser loss and KL share -- the batch's tokens, or its sequences; ``launch.inflight_groups`` a
+        rollout device holds at once)."""
+        return dataclasses.replace(LIVE, inflight_groups=self.launch.inflight_groups)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:
@@ -555,6 +561,10 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
                           f"cluster.devices={cfg.cluster.devices}; got {cfg.cluster.rollout_devices}")
     if cfg.cluster.nnodes < 1:
         raise ConfigError(f"{source}: key 'cluster.nnodes' must be at least 1")
+    held = cfg.launch.inflight_groups
+    if held and held < cfg.launch.chunk_groups:
+        raise ConfigError(f"{source}: key 'launch.inflight_groups' must be 0 (one chunk at a time) or at least "
+                          f"launch.chunk_groups={cfg.launch.chunk_groups}; got {held}")
     if cfg.launch.lease_timeout_s < 0:
         raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")
     for key in ("train.checkpoint_every", "train.keep_checkpoints", "launch.max_restarts"):

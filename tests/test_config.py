@@ -122,6 +122,15 @@ def test_the_log_prob_recompute_charge_is_each_policys_own_unless_set_true_or_fa
         load_config(None, ["sim.recompute_logprob=maybe"])
 
 
+def test_a_live_device_holds_one_chunk_or_at_least_a_chunks_groups_in_flight():
+    assert load_config("pipelines/cpu-tiny.yaml", ["launch.chunk_groups=16"]).live_driver().inflight_groups == 0
+    held = load_config("pipelines/cpu-tiny.yaml", ["launch.chunk_groups=16", "launch.inflight_groups=64"])
+    assert held.live_driver().inflight_groups == 64
+    with pytest.raises(ConfigError, match=r"'launch.inflight_groups' must be 0 \(one chunk at a time\) or at least "
+                                          r"launch.chunk_groups=16; got 8"):
+        load_config("pipelines/cpu-tiny.yaml", ["launch.chunk_groups=16", "launch.inflight_groups=8"])
+
+
 def test_a_recorded_staleness_bound_below_the_staleness_run_is_refused():
     with pytest.raises(ConfigError, match=r"'algorithm.staleness_bound' \(1\) must be at least algorithm.staleness \(2\)"):
         load_config("pipelines/cpu-tiny.yaml", ["algorithm.staleness=2", "algorithm.staleness_bound=1"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bidirl.engines.hf_rollout import HFRolloutEngine
-from bidirl.engines.protocols import HandOver
+from bidirl.engines.protocols import Generation, HandOver
 from bidirl.samples import SamplingParams
 from bidirl.engines.torch_train import TorchTrainEngine
 from bidirl.errors import BidirlError
@@ -362,3 +362,57 @@ def test_with_hand_overs_and_reports_together_each_group_comes_back_once_moved_m
     assert kept == [] and [len(g) for g in reported] == [params.n]  # the third, whole, as it ended
     assert all(len(s.completion_ids) == 12 for s in reported[0])
     assert sorted(moved_groups + [reported[0][0].prompt_index]) == [0, 1, 2]  # each group once
+
+
+def joining(*generations):
+    """A ``joins`` for ``serve``: the first generation at once, each later one after one more decode step
+    (the engine polls until it gets None, then steps, then polls again)."""
+    queue = []
+    for generation in generations:
+        queue += [generation, None]
+
+    def joins():
+        return queue.pop(0) if queue else None
+
+    return joins
+
+
+def recorded(name, params, prompts, events):
+    return Generation(prompts, params, over=lambda samples: events.append(("over", name, samples)),
+                      done=lambda group: events.append(("done", name, group)))
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed")
+def test_a_chunk_that_comes_while_another_generates_joins_its_running_batch_and_ends_on_its_own(model_dir,
+                                                                                               vllm_engine):
+    """Continuous batching, live: a generation handed to ``serve`` while another decodes joins the running
+    batch (between two decode steps) instead of waiting for it, and each ends by itself -- the short one
+    joined second ends first. Every group comes back once, whole, with the policy's own log-probs."""
+    trainer = TorchTrainEngine(model_dir, small_config())
+    vllm_engine.update_weights(trainer.state_dict(), 7)
+    long, short = (SamplingParams(n=2, max_new_tokens=t, ignore_eos=True) for t in (12, 4))
+    events = []
+    vllm_engine.serve(joining(recorded("long", long, PROMPTS, events), recorded("short", short, PROMPTS[:2], events)))
+    overs = [(name, samples) for kind, name, samples in events if kind == "over"]
+    assert overs == [("short", []), ("long", [])]  # joined later, ended first; every group went to done
+    groups = {name: [g for kind, n, g in events if kind == "done" and n == name] for name in ("long", "short")}
+    assert sorted(g[0].prompt_index for g in groups["long"]) == [0, 1, 2]
+    assert sorted(g[0].prompt_index for g in groups["short"]) == [0, 1]
+    for name, params in (("long", long), ("short", short)):
+        for group in groups[name]:
+            assert len(group) == params.n and len({s.prompt_index for s in group}) == 1
+            assert all(len(s.completion_ids) == len(s.logprobs) == params.max_new_tokens for s in group)
+            assert all(s.version == 7 for s in group)
+    assert mean_abs_logprob_gap(trainer, [s for gs in groups.values() for g in gs for s in g]) < 1e-4
+
+
+def test_the_hf_engine_serves_generations_one_after_the_other(model_dir):
+    """A static batch cannot take new requests: the HF engine runs each generation whole, then polls for
+    the next, and each still ends through its own ``over``."""
+    engine, events = HFRolloutEngine(model_dir), []
+    first, second = (SamplingParams(n=2, max_new_tokens=t, ignore_eos=True) for t in (6, 3))
+    queued = iter([recorded("first", first, PROMPTS, events), recorded("second", second, PROMPTS[:1], events)])
+    engine.serve(lambda: next(queued, None))
+    assert [(kind, name) for kind, name, _ in events] == [("over", "first"), ("over", "second")]
+    assert [len(s.completion_ids) for s in events[0][2]] == [6] * 6
+    assert [len(s.completion_ids) for s in events[1][2]] == [3] * 2

@@ -896,6 +896,13 @@ def test_a_kv_cache_that_holds_more_than_a_chunk_leaves_the_placement_to_the_pla
     assert seen == {"due", "none"}  # (51 groups beside chunks of 32)
 
 
+def test_a_live_device_whose_chunks_join_its_batch_in_flight_leaves_the_placement_to_the_planner(monkeypatch):
+    seen = placements_simulated(monkeypatch)
+    cfg = small("launch.mode=bidirl", "algorithm.staleness=1", f"launch.inflight_groups={2 * small().launch.chunk_groups}")
+    plan(cfg, horizon=4, driver=cfg.live_driver())
+    assert cfg.live_driver().inflight_groups == 2 * cfg.launch.chunk_groups and seen == {"due", "none"}
+
+
 def test_a_plan_for_another_older_tail_placement_than_the_pipeline_fixes_is_refused(tmp_path):
     from bidirl.planner import planned_config
 

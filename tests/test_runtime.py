@@ -279,6 +279,21 @@ def test_a_vllm_device_reports_each_group_as_it_ends_so_a_step_streams_from_a_ba
     assert all(r["fresh_logp_gap"] < 1e-4 for r in steps)  # on-policy, and the samples are the engine's own
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+def test_a_chunk_started_on_a_device_still_generating_joins_its_running_batch(tmp_path):
+    # launch.inflight_groups above a chunk: the bookkeeping may start a chunk on a rollout device that is
+    # generating (as the simulator's instances batch continuously), and its vLLM engine takes it in between
+    # two decode steps; each chunk replies for itself, and nothing is lost, doubled or staler than eta
+    root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=1",
+                          "rollout.engine=vllm", "launch.inflight_groups=8", "train.micro_batch_size=8",
+                          "logging.eval_every=0")
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["joined_chunks"] and all(j["device"] == 0 for j in summary["joined_chunks"])
+    steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["samples_consumed"] for r in steps] == [8 * 4 * k for k in (1, 2, 3, 4)]  # every group, once
+    assert set(summary["staleness_histogram"]) <= {"0", "1"} and summary["final_version"] == 4
+
+
 def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_count_for_nothing(tmp_path):
     import os
 

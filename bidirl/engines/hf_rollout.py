@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.engines.protocols import HandOver, PauseGate, RolloutSite, choose_groups
+from bidirl.engines.protocols import Generation, HandOver, PauseGate, RolloutSite, choose_groups
 from bidirl.samples import Sample, SamplingParams, stop_token_ids
 from bidirl.models.sources import load_model
 
@@ -57,11 +57,16 @@ class HFRolloutEngine(PauseGate):
             for sample in self._generate_chunk([prompts[i] for i in indices], params, handover.pending):
                 sample.prompt_index = indices[sample.prompt_index]
                 held.setdefault(sample.prompt_index, []).append(sample)
-            unstarted = self._serve(handover, held, params, prompts, unstarted)
+            unstarted = self._hand_over_and_continue(handover, held, params, prompts, unstarted)
         handover.close()
         return [s for index in sorted(held) for s in held[index]]
 
-    def _serve(self, handover: HandOver, held: Dict[int, List[Sample]], params: SamplingParams,
+    def serve(self, joins: Callable[[], Optional[Generation]]) -> None:
+        """One static batch at a time: each generation runs whole, then the next is polled."""
+        while (generation := joins()) is not None:
+            generation.over(self.generate(generation.prompts, generation.params, generation.handover, generation.done))
+
+    def _hand_over_and_continue(self, handover: HandOver, held: Dict[int, List[Sample]], params: SamplingParams,
                prompts: Sequence[str], unstarted: List[int]) -> List[int]:
         """Answers the asks, then continues the unfinished samples held, until none is left; returns the
         prompts still to start (those handed over unstarted are gone)."""

@@ -44,6 +44,14 @@ class RolloutEngine(Protocol):
         static batch: HF ``generate``) returns every group at the end, as without it."""
         ...
 
+    def serve(self, joins: Callable[[], Optional["Generation"]]) -> None:
+        """Runs every :class:`Generation` that ``joins`` hands it, each reported through its own ``done``,
+        hand-over window and ``over``, until ``joins`` has none and nothing runs. An engine that batches
+        continuously (vLLM) polls ``joins`` between two decode steps, so a generation that comes while
+        others decode joins their running batch (the slots of requests that ended take new ones); one that
+        cannot (HF: static batches) runs them one after the other, polling when each is over."""
+        ...
+
     def continue_samples(self, partial: Sequence[Sample], params: SamplingParams) -> List[Sample]:
         """Continues each unfinished sample -- a request stopped mid-generation, here or on another engine
         (in-flight migration): re-prefills its prompt and tokens so far and generates until EOS or
@@ -98,6 +106,19 @@ class TrainEngine(Protocol):
     def save(self, directory: str) -> None: ...
 
     def load(self, directory: str) -> None: ...
+
+
+@dataclass
+class Generation:
+    """One chunk's prompts for :meth:`RolloutEngine.serve`: as a ``generate`` call's, with ``over`` called
+    once its last request has ended (or been handed over), with its samples not given to ``done`` or to
+    the hand-over window, in prompt order (``Sample.prompt_index``: the index in ``prompts``)."""
+
+    prompts: Sequence[str]
+    params: SamplingParams
+    over: Callable[[List[Sample]], None]
+    handover: Optional["HandOver"] = None
+    done: Optional[Callable[[List[Sample]], None]] = None
 
 
 class PauseGate:

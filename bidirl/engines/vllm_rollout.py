@@ -19,9 +19,9 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.engines.protocols import HandOver, PauseGate, RolloutSite, choose_groups
+from bidirl.engines.protocols import Generation, HandOver, PauseGate, RolloutSite, choose_groups
 from bidirl.samples import Sample, SamplingParams
 from bidirl.errors import BidirlError
 
@@ -60,10 +60,13 @@ class VLLMRolloutEngine(PauseGate):
     def generate(self, prompts: Sequence[str], params: SamplingParams, handover: Optional[HandOver] = None,
                  done: Optional[Callable[[List[Sample]], None]] = None) -> List[Sample]:
         self.wait_if_paused()
+        if handover is not None or done is not None:  # the step loop, for one generation
+            kept: List[Sample] = []
+            pending = [Generation(prompts, params, kept.extend, handover, done)]
+            self.serve(lambda: pending.pop() if pending else None)
+            return kept
         sampling = vllm_sampling(params, params.n, params.max_new_tokens)
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
-        if handover is not None or done is not None:
-            return self._generate_stepwise(requests, params, handover, done)
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         samples = []
         for index, output in enumerate(outputs):
@@ -74,64 +77,45 @@ class VLLMRolloutEngine(PauseGate):
                                       self.version, finished))
         return samples
 
-    def _generate_stepwise(self, requests: List[Dict[str, Any]], params: SamplingParams,
-                           handover: Optional[HandOver], done: Optional[Callable[[List[Sample]], None]]) -> List[Sample]:
+    def serve(self, joins: Callable[[], Optional[Generation]]) -> None:
         """The engine's step loop run here (what ``LLM.generate`` runs inside), so that between two decode
-        steps groups can be stopped (``abort_request``) and handed over with every token so far, and a
-        group whose last sample ended goes to ``done`` at once. One request per sample (n = 1, the prompt
-        shared through the prefix cache; vLLM fans ``n`` out into as many requests anyway), streamed as
-        deltas where a request may be stopped, so that its tokens and log-probs are exactly what it
-        generated; only finished ones otherwise."""
-        from vllm.sampling_params import RequestOutputKind
-
+        steps generations can join the running batch (``joins``), groups can be stopped
+        (``abort_request``) and handed over with every token so far, and a group whose last sample ended
+        goes to its ``done`` at once. One request per sample (n = 1, the prompt shared through the prefix
+        cache; vLLM fans ``n`` out into as many requests anyway), streamed as deltas where a request may be
+        stopped, so that its tokens and log-probs are exactly what it generated; only finished ones
+        otherwise."""
         engine = self.llm.llm_engine
-        sampling = vllm_sampling(params, 1, params.max_new_tokens)
-        sampling.output_kind = RequestOutputKind.DELTA if handover is not None else RequestOutputKind.FINAL_ONLY
-        self._batch += 1
-        ids = {}  # request id -> (prompt index, sample index)
-        samples: Dict[int, List[Sample]] = {}
-        for index, request in enumerate(requests):
-            samples[index] = [Sample(index, list(request["prompt_token_ids"]), [], "", [], self.version, False)
-                              for _ in range(params.n)]
-            for j in range(params.n):
-                request_id = f"b{self._batch}-{index}-{j}"
-                ids[request_id] = (index, j)
-                engine.add_request(request_id, request, sampling)
-        running = set(ids)
-        unfinished = Counter(index for index, _ in ids.values())  # prompt index -> its requests still running
+        live: List[_Running] = []
+        owner: Dict[str, _Running] = {}  # request id -> its generation, while it runs
         try:
-            while running:
-                for groups in handover.wanted() if handover is not None else ():
-                    # (``unfinished`` counts each held group's requests still running: a group stopped or
-                    # reported is no longer in ``samples``, so its count is never read again)
-                    chosen = choose_groups(unfinished, sorted(samples), groups)
-                    stopped = [r for r in running if ids[r][0] in chosen]
+            while True:
+                while (generation := joins()) is not None:
+                    self.wait_if_paused()
+                    self._batch += 1
+                    running = _Running(generation, self, f"b{self._batch}")
+                    for request_id, request, sampling in running.requests:
+                        engine.add_request(request_id, request, sampling)
+                        owner[request_id] = running
+                    live.append(running)
+                for running in live:
+                    stopped = running.answer_asks()
                     if stopped:
                         engine.abort_request(stopped)
-                        running.difference_update(stopped)
-                    handover.give(chosen, [self._with_text(s) for i in chosen for s in samples.pop(i)])
-                if not running:
-                    break
+                        for request_id in stopped:
+                            del owner[request_id]
+                for running in [r for r in live if not r.running]:
+                    live.remove(running)
+                    running.end(self._with_text)
+                if not live:
+                    return
                 for output in engine.step():
-                    if output.request_id not in ids or output.request_id not in running:
-                        continue  # (an aborted request's last delta)
-                    index, j = ids[output.request_id]
-                    completion, sample = output.outputs[0], samples[index][j]
-                    new_ids, logprobs = completion_tokens(completion)
-                    sample.completion_ids += new_ids
-                    sample.logprobs += logprobs
-                    if output.finished:
-                        sample.finished = completion.finish_reason == "stop"
-                        running.discard(output.request_id)
-                        unfinished[index] -= 1
-                        if done is not None and not unfinished[index]:  # the group's last sample: done now
-                            done([self._with_text(s) for s in samples.pop(index)])
-        finally:  # (an error mid-loop must not leave requests running into the next generate call)
-            if running:
-                engine.abort_request(list(running))
-        if handover is not None:
-            handover.close()
-        return [self._with_text(s) for index in sorted(samples) for s in samples[index]]
+                    running = owner.get(output.request_id)
+                    if running is not None and running.stepped(output, self._with_text):
+                        del owner[output.request_id]
+        finally:  # (an error mid-loop must not leave requests running into the next call)
+            if owner:
+                engine.abort_request(list(owner))
 
     def _with_text(self, sample: Sample) -> Sample:
         sample.text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
@@ -174,3 +158,66 @@ def completion_tokens(completion: Any) -> "tuple[List[int], List[float]]":
     """A vLLM completion's token ids and the behaviour log-prob of each."""
     ids = list(completion.token_ids)
     return ids, [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+
+
+class _Running:
+    """One generation in the step loop: its requests, its samples so far, what still runs."""
+
+    def __init__(self, generation: Generation, engine: VLLMRolloutEngine, tag: str):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.generation, params = generation, generation.params
+        sampling = vllm_sampling(params, 1, params.max_new_tokens)
+        sampling.output_kind = RequestOutputKind.DELTA if generation.handover is not None \
+            else RequestOutputKind.FINAL_ONLY
+        self.ids: Dict[str, Tuple[int, int]] = {}  # request id -> (prompt index, sample index)
+        self.samples: Dict[int, List[Sample]] = {}  # prompt index -> its samples, still held
+        self.requests = []
+        for index, prompt in enumerate(generation.prompts):
+            request = {"prompt_token_ids": engine.tokenizer(prompt, add_special_tokens=False).input_ids}
+            self.samples[index] = [Sample(index, list(request["prompt_token_ids"]), [], "", [], engine.version, False)
+                                   for _ in range(params.n)]
+            for j in range(params.n):
+                request_id = f"{tag}-{index}-{j}"
+                self.ids[request_id] = (index, j)
+                self.requests.append((request_id, request, sampling))
+        self.running = set(self.ids)
+        self.unfinished = Counter(index for index, _ in self.ids.values())  # prompt index -> requests running
+
+    def answer_asks(self) -> List[str]:
+        """Hands over the groups asked for; returns the request ids stopped for it (to abort)."""
+        handover, stopped = self.generation.handover, []
+        for groups in handover.wanted() if handover is not None else ():
+            # (``unfinished`` counts each held group's requests still running: a group stopped or
+            # reported is no longer in ``samples``, so its count is never read again)
+            chosen = choose_groups(self.unfinished, sorted(self.samples), groups)
+            now = [r for r in self.running if self.ids[r][0] in chosen]
+            self.running.difference_update(now)
+            stopped += now
+            handover.give(chosen, [s for i in chosen for s in self.samples.pop(i)])
+        return stopped
+
+    def stepped(self, output: Any, with_text: Callable[[Sample], Sample]) -> bool:
+        """One step's output for one of its requests; True if that request has ended."""
+        if output.request_id not in self.running:
+            return False  # (an aborted request's last delta)
+        index, j = self.ids[output.request_id]
+        completion, sample = output.outputs[0], self.samples[index][j]
+        new_ids, logprobs = completion_tokens(completion)
+        sample.completion_ids += new_ids
+        sample.logprobs += logprobs
+        if not output.finished:
+            return False
+        sample.finished = completion.finish_reason == "stop"
+        self.running.discard(output.request_id)
+        self.unfinished[index] -= 1
+        done = self.generation.done
+        if done is not None and not self.unfinished[index]:  # the group's last sample: done now
+            done([with_text(s) for s in self.samples.pop(index)])
+        return True
+
+    def end(self, with_text: Callable[[Sample], Sample]) -> None:
+        """Nothing of it runs any more: its window closes, and ``over`` gets what it kept."""
+        if self.generation.handover is not None:
+            self.generation.handover.close()
+        self.generation.over([with_text(s) for index in sorted(self.samples) for s in self.samples[index]])

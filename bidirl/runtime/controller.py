@@ -33,6 +33,12 @@ micro-batch is handed out the step accepts no more joiners (``Cluster.close_step
 computed every device of the step gets ``FinishStep``: one all-reduce over exactly those devices, then
 the home trainers' optimizer step.
 
+Chunks that join a batch in flight (``launch.inflight_groups`` above ``launch.chunk_groups``): the
+bookkeeping may start a chunk on a device still generating, as the simulator's instances batch
+continuously; its command goes to the device's queue as any other, and the worker's engine takes it
+into its running batch between two decode steps (or runs it next, if the batch ended first). Each chunk
+replies for itself when its last request ends.
+
 Groups as they end: an engine that can tell (vLLM's continuous batching) reports each group the
 moment its last sample ends (``GroupsGenerated``), as the simulator's instances do, and the chunk's own
 reply brings the rest; so a step streams from a chunk still generating, even one chunk a batch.
@@ -160,7 +166,9 @@ class Controller:
              for d, home in enumerate(assembly.homes)]))
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
                                               migrates=self.cluster.allows_migration and self.policy.migrates
-                                              and devices > 1, resume_from=str(resume.path) if resume else "",
+                                              and devices > 1,
+                                              joins=self.cluster.inflight_groups > self.cluster.chunk_groups,
+                                              resume_from=str(resume.path) if resume else "",
                                               resume_version=resume.version if resume else 0))
         # transfers not yet reported done by every member: a step's reduction ("train"), a weight broadcast
         # ("sync"), a joining trainer's state ("pair"); and sends held so the two communicator families
@@ -271,6 +279,9 @@ class Controller:
         self.chunks_open -= 1
         first = reply.device not in self.generated_on  # (its engine ran, whichever groups it keeps)
         self.generated_on.add(reply.device)
+        if reply.joined:
+            self.report.joined_chunks.append({"t": round(self.report.elapsed(), 4), "device": reply.device,
+                                              "chunk": reply.chunk, "seconds": round(reply.seconds, 4)})
         events = self.finished(reply.device, reply.chunk, by_group(reply.samples), reply.seconds)
         groups = self.reported.pop(key, 0)  # (every group this device finished of the chunk and kept)
         rest = reply.seconds - self.reported_s.pop(key, reply.seconds)

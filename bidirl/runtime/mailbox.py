@@ -19,7 +19,7 @@ every member, which rules out deadlock.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from bidirl.runtime.wire import decode, encode
 
@@ -31,6 +31,7 @@ class Mailbox:
         self.store = store
         self.sent: Dict[str, int] = {}  # queue -> messages written
         self.taken: Dict[str, int] = {}  # queue -> messages read
+        self.peeked: Optional[Tuple[Tuple[str, int], Any]] = None  # (queue, n) -> its message, read, not taken
 
     def _put(self, queue: str, message: Any) -> None:
         n = self.sent.get(queue, 0)
@@ -67,6 +68,17 @@ class Mailbox:
     # worker side
     def next_command(self, device: int) -> Any:
         return self._take(f"cmd/{device}")
+
+    def peek_command(self, device: int) -> Any:
+        """The next command if it has arrived, left in the queue (None if not yet): without waiting."""
+        queue = f"cmd/{device}"
+        n = self.taken.get(queue, 0)
+        if self.peeked is None or self.peeked[0] != (queue, n):
+            key = f"{PREFIX}{queue}/{n}"
+            if not self.store.check([key]):
+                return None
+            self.peeked = ((queue, n), decode(self.store.get(key)))
+        return self.peeked[1]
 
     def next_weights_command(self, device: int) -> Any:
         return self._take(f"wcmd/{device}")

@@ -49,6 +49,9 @@ class Plan:
     run_path: str
     # may the policy move requests in flight (Migrate)? Then rollout devices generate interruptibly
     migrates: bool = False
+    # may a chunk join a rollout device's batch in flight (launch.inflight_groups)? Then a generating
+    # device takes the chunk commands that come meanwhile into its running batch
+    joins: bool = False
     # a resumed run: the sealed checkpoint every device loads before it is Ready, and its version
     resume_from: str = ""
     resume_version: int = 0
@@ -216,6 +219,7 @@ class ChunkGenerated(Reply):
     chunk: int
     samples: List[Sample]  # rewarded, in prompt order
     version: int
+    joined: bool = False  # it joined the engine's batch while another chunk generated there (Plan.joins)
 
 
 @dataclass

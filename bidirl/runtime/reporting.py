@@ -38,6 +38,7 @@ class RunReport:
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
+        self.joined_chunks: List[Dict[str, Any]] = []  # chunks that joined a device's batch in flight
         self.checkpoints: List[Dict[str, Any]] = []  # sealed during this run (or since its resume)
         self.resumed: Dict[str, Any] = {}  # the checkpoint a resumed run continued from
         self.eval_problems = 0  # held-out problems each snapshot was scored on
@@ -154,6 +155,7 @@ class RunReport:
             "migrations": [{"t": round(t, 3), "source": a, "device": b, "groups": n, "version": v}
                            for t, a, b, n, v in cluster.migrations],
             "handovers": self.handovers,
+            "joined_chunks": self.joined_chunks,
             "staleness_histogram": {str(k): v for k, v in sorted(cluster.staleness.items())},
             "syncs": len(self.sync_seconds), "sync_median_s": round(median(self.sync_seconds), 4),
             "sync_transfer_median_s": round(median(m.transfer_s for m in self.staged), 4),

@@ -11,6 +11,10 @@ command moves it IDLE -> GENERATING / TRAINING / SYNCING / SWITCHING / EVALUATIN
 illegal order (generating while serving train, say) fails here exactly as it would in the
 scheduler's bookkeeping.
 
+Continuous batching (``Plan.joins``: ``launch.inflight_groups`` above a chunk): while the engine
+generates, it polls the worker between decode steps, and a chunk command already at the head of the
+queue joins the running batch instead of waiting for it to end (``generate``).
+
 Gradients. The devices of a train step pull its micro-batches one at a time (``ComputeGrads``: each
 scaled by the whole batch's token count, so the parts add up, and added to the device's ``.grad``), so
 a device that joins mid-step takes a share of the rest; then (``FinishStep``) they all-reduce over the
@@ -48,7 +52,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.engines.build import build_rollout_engine, build_train_engine
-from bidirl.engines.protocols import HandOver
+from bidirl.engines.protocols import Generation, HandOver
 from bidirl.reward import numeric_reward
 from bidirl.runtime import protocol as msg
 from bidirl.runtime.groups import MAIN_FAMILY, PAIR, WEIGHTS_FAMILY, Groups
@@ -90,12 +94,14 @@ class Worker:
         self.staged_ready = threading.Condition()
         self.step_stats: Dict[int, Dict[str, Any]] = {}  # the step in progress -> this device's statistics so far
         self.stalled = False  # (fault injection: stall_if_told)
-        # in-flight migration: the chunk generating interruptibly now, and its hand-over window (the side
-        # thread asks, the engine answers between decode steps)
+        # in-flight migration: the chunks generating interruptibly now, each with its hand-over window (the
+        # side thread asks, the engine answers between decode steps)
         self.migrates = plan.migrates
         self.handover_lock = threading.Lock()
-        self.handover: Optional[Tuple[int, HandOver]] = None
+        self.handovers: Dict[int, HandOver] = {}  # chunk generating here -> its hand-over window
+        self.started_chunk = -1  # the last chunk started here
         self.early_asks: Dict[int, List[msg.HandOverGroups]] = {}  # chunk not started yet -> asks for it
+        self.joins = plan.joins  # chunks join the engine's batch in flight (continuous batching)
         if device == self.primary and not plan.resume_from:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -142,7 +148,33 @@ class Worker:
         self.state.transition(S.IDLE, time.perf_counter(), f"{reason} done")
 
     # ---- commands (one method per protocol command) -------------------------------------------
-    def generate(self, command: msg.GenerateChunk) -> msg.ChunkGenerated:
+    def generate(self, command: msg.GenerateChunk) -> None:
+        """The chunk, and -- where chunks may join a batch in flight (``Plan.joins``) -- every chunk command
+        that comes while it generates, taken from the queue into the engine's running batch (a command of
+        another kind at the head of the queue waits, and so do the chunks behind it). Each chunk's reply is
+        posted when its last request ends (its ``over``), not when the engine stops."""
+        first = [command]
+
+        def joins() -> Optional[Generation]:  # (polled by the engine between decode steps)
+            if first:
+                return self.generation(first.pop())
+            joining = self.mailbox.peek_command(self.device) if self.joins else None
+            if not isinstance(joining, msg.GenerateChunk):  # (anything else waits for the engine to stop)
+                return None
+            self.mailbox.next_command(self.device)
+            return self.generation(joining, joined=True)
+
+        try:
+            with self.doing(S.GENERATING, f"chunk {command.chunk}"):
+                self.rollout.serve(joins)
+        finally:
+            with self.handover_lock:
+                self.handovers.clear()
+        return None
+
+    def generation(self, command: msg.GenerateChunk, joined: bool = False) -> Generation:
+        """A chunk command as the engine runs it: its groups labelled and rewarded, each reported as it ends
+        (``GroupsGenerated``) or is handed over (``GroupsHandedOver``), the rest in its ``ChunkGenerated``."""
         def label(samples: List[Sample]) -> List[Sample]:
             for sample in samples:
                 sample.extra["group"] = command.first_group + sample.prompt_index
@@ -159,20 +191,23 @@ class Worker:
             self.mailbox.post(msg.GroupsGenerated(device=self.device, seconds=time.perf_counter() - started,
                                                   chunk=command.chunk, samples=self.rewarded(label(samples))))
 
+        def over(samples: List[Sample]) -> None:  # (from inside the engine: its last request ended)
+            with self.handover_lock:
+                self.handovers.pop(command.chunk, None)
+            self.mailbox.post(msg.ChunkGenerated(device=self.device, seconds=time.perf_counter() - started,
+                                                 chunk=command.chunk, samples=self.rewarded(label(samples)),
+                                                 version=self.rollout.version, joined=joined))
+
         handover = HandOver(hand_over) if self.migrates else None
         with self.handover_lock:
-            self.handover = (command.chunk, handover) if handover else None
-            for ask in self.early_asks.pop(command.chunk, []) if handover is not None else []:
-                handover.ask(ask.groups, ask.ask)
+            self.started_chunk = command.chunk
+            if handover is not None:
+                self.handovers[command.chunk] = handover
+                for ask in self.early_asks.pop(command.chunk, []):
+                    handover.ask(ask.groups, ask.ask)
             # (a device's chunks come in order: asks for earlier ones were for chunks already over)
             self.early_asks = {c: asks for c, asks in self.early_asks.items() if c > command.chunk}
-        try:
-            with self.doing(S.GENERATING, f"chunk {command.chunk}"):
-                samples = self.rollout.generate(command.prompts, command.params, handover, done=group_done)
-        finally:
-            with self.handover_lock:
-                self.handover = None
-        return msg.ChunkGenerated(chunk=command.chunk, samples=self.rewarded(label(samples)), version=self.rollout.version)
+        return Generation(command.prompts, command.params, over, handover, group_done)
 
     def rewarded(self, samples: List[Sample]) -> List[Sample]:
         for sample in samples:
@@ -184,9 +219,9 @@ class Worker:
         between decode steps); an ask for a chunk still queued waits for it to start. A chunk no longer
         generating ignores it (see ``HandOverGroups``)."""
         with self.handover_lock:
-            if self.handover is not None and self.handover[0] == command.chunk:
-                self.handover[1].ask(command.groups, command.ask)
-            elif self.handover is None or self.handover[0] < command.chunk:
+            if command.chunk in self.handovers:
+                self.handovers[command.chunk].ask(command.groups, command.ask)
+            elif command.chunk > self.started_chunk:
                 self.early_asks.setdefault(command.chunk, []).append(command)  # (its chunk has not started yet)
         return None
 

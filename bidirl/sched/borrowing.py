@@ -360,7 +360,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         a few sequences at a fraction of its capacity: no new group went beside its tail, because
         admission blocked, because the placement rule kept them off (``fill_rollout``: a due tail under
         ``TailPlacement.DUE``, every tail where bidirl's trainers take them over), or because the driver
-        gives a device one chunk at a time (the live runtime)."""
+        gives a device one chunk at a time (the live runtime, unless ``launch.inflight_groups`` lets chunks
+        join a batch in flight)."""
         return [cluster.devices[i] for i in cluster.older_tails()]  # (kept by the cluster as devices change)
 
     @staticmethod

@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/live_bench/targets.py                          # both workloads, 3 rounds
     .venv/bin/python experiments/live_bench/targets.py --workloads default --rounds 1 --steps 10
+    .venv/bin/python experiments/live_bench/targets.py --set launch.inflight_groups=64   # every policy's devices
 
 Targets (eta 1, the same 1 rollout / 1 train split for the disaggregated policies):
   bidirl >= 1.3x async                  on both workloads
@@ -83,8 +84,9 @@ def one_run(root: Path, policy: str, eta: int, steps: int, pipeline: str, settin
     return live(root, policy, eta, steps, pipeline, (*setting, f"sim.profile={profiled}"))
 
 
-def one_workload(name: str, rounds: int, steps: int, eta: int, scratch: Path) -> list:
+def one_workload(name: str, rounds: int, steps: int, eta: int, scratch: Path, extra: tuple = ()) -> list:
     pipeline, setting = WORKLOADS[name]
+    setting = (*setting, *extra)
     profiled = profile(pipeline, setting, scratch / name / "profile")
     results = []
     for r in range(rounds):
@@ -108,6 +110,7 @@ def one_workload(name: str, rounds: int, steps: int, eta: int, scratch: Path) ->
             "vs_sync": [round(one[p]["samples_per_s"] / one["sync"]["samples_per_s"], 3) for one in results],
             "answer_tokens_min_max": [min(lo for lo, _ in spreads), max(hi for _, hi in spreads)],
             "migrations": [len(s["migrations"]) for s in runs],
+            "joined_chunks": [len(s.get("joined_chunks", [])) for s in runs],
             "streamed_steps": [s["streamed_steps"] for s in runs],
             "leases": [{k: v["leases"] for k, v in s["leases"].items()} for s in runs],
             "staleness": [s["staleness_histogram"] for s in runs],
@@ -149,6 +152,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eta", type=int, default=1)
     parser.add_argument("--out", default=str(HERE / "targets.json"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run of every policy (repeatable), e.g. launch.inflight_groups=64")
     args = parser.parse_args()
     names = args.workloads.split(",")
     unknown = [n for n in names if n not in WORKLOADS]
@@ -157,7 +162,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in names:
-            rows += one_workload(name, args.rounds, args.steps, args.eta, Path(scratch))
+            rows += one_workload(name, args.rounds, args.steps, args.eta, Path(scratch), tuple(args.set))
             Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")  # each workload's rows kept as it ends
     print_tables(rows)
 
