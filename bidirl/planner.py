@@ -419,8 +419,8 @@ def placement_is_open(cfg: PipelineConfig, policy: str, driver: Optional[DriverC
     ``launch.tail_placement: auto``, for a policy with two pools, at eta > 0 (at eta 0 no device decodes an
     older version's groups), where a rollout device holds more than one chunk in flight, so that new groups
     can go beside its work in flight: in the simulator, a KV cache of more than a chunk's groups (the two
-    placements run identically otherwise, and planning both would only double the time); never in the live
-    runtime, which holds one chunk per device."""
+    placements run identically otherwise, and planning both would only double the time); in the live
+    runtime, only where chunks join a batch in flight (``launch.inflight_groups``)."""
     if not (TailPlacement(cfg.launch.tail_placement) is TailPlacement.AUTO and policy in POLICIES
             and not POLICIES[policy].synchronous and cfg.algorithm.staleness > 0):
         return False

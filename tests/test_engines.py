@@ -360,6 +360,8 @@ def test_with_hand_overs_and_reports_together_each_group_comes_back_once_moved_m
     [(moved_groups, moved)] = handover.handed
     assert len(moved_groups) == 2 and all(0 < len(s.completion_ids) < 12 for s in moved)  # stopped mid-way
     assert kept == [] and [len(g) for g in reported] == [params.n]  # the third, whole, as it ended
+    # a moved sample carries its text so far, as a returned one does (one that had ended is rewarded on it)
+    assert all(s.text == vllm_engine.tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in moved)
     assert all(len(s.completion_ids) == 12 for s in reported[0])
     assert sorted(moved_groups + [reported[0][0].prompt_index]) == [0, 1, 2]  # each group once
 
@@ -392,7 +394,9 @@ def test_a_chunk_that_comes_while_another_generates_joins_its_running_batch_and_
     vllm_engine.update_weights(trainer.state_dict(), 7)
     long, short = (SamplingParams(n=2, max_new_tokens=t, ignore_eos=True) for t in (12, 4))
     events = []
-    vllm_engine.serve(joining(recorded("long", long, PROMPTS, events), recorded("short", short, PROMPTS[:2], events)))
+    first, second = recorded("long", long, PROMPTS, events), recorded("short", short, PROMPTS[:2], events)
+    vllm_engine.serve(joining(first, second))
+    assert (first.joined, first.shared, second.joined, second.shared) == (False, True, True, True)
     overs = [(name, samples) for kind, name, samples in events if kind == "over"]
     assert overs == [("short", []), ("long", [])]  # joined later, ended first; every group went to done
     groups = {name: [g for kind, n, g in events if kind == "done" and n == name] for name in ("long", "short")}
@@ -411,8 +415,10 @@ def test_the_hf_engine_serves_generations_one_after_the_other(model_dir):
     the next, and each still ends through its own ``over``."""
     engine, events = HFRolloutEngine(model_dir), []
     first, second = (SamplingParams(n=2, max_new_tokens=t, ignore_eos=True) for t in (6, 3))
-    queued = iter([recorded("first", first, PROMPTS, events), recorded("second", second, PROMPTS[:1], events)])
+    generations = [recorded("first", first, PROMPTS, events), recorded("second", second, PROMPTS[:1], events)]
+    queued = iter(generations)
     engine.serve(lambda: next(queued, None))
+    assert not any(g.joined or g.shared for g in generations)  # (each had the engine to itself)
     assert [(kind, name) for kind, name, _ in events] == [("over", "first"), ("over", "second")]
     assert [len(s.completion_ids) for s in events[0][2]] == [6] * 6
     assert [len(s.completion_ids) for s in events[1][2]] == [3] * 2

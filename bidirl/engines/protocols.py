@@ -119,6 +119,11 @@ class Generation:
     over: Callable[[List[Sample]], None]
     handover: Optional["HandOver"] = None
     done: Optional[Callable[[List[Sample]], None]] = None
+    # set by an engine that batches continuously: it came in while another generation's requests decoded
+    # (joined), or its requests shared decode steps with another's at some point (shared: its time is not
+    # its own)
+    joined: bool = False
+    shared: bool = False
 
 
 class PauseGate:

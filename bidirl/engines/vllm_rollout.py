@@ -93,13 +93,18 @@ class VLLMRolloutEngine(PauseGate):
                 while (generation := joins()) is not None:
                     self.wait_if_paused()
                     self._batch += 1
+                    beside = [r for r in live if r.running]
+                    if beside:  # (it joins requests still decoding: their batch is shared from now on)
+                        generation.joined = generation.shared = True
+                        for other in beside:
+                            other.generation.shared = True
                     running = _Running(generation, self, f"b{self._batch}")
                     for request_id, request, sampling in running.requests:
                         engine.add_request(request_id, request, sampling)
                         owner[request_id] = running
                     live.append(running)
                 for running in live:
-                    stopped = running.answer_asks()
+                    stopped = running.answer_asks(self._with_text)
                     if stopped:
                         engine.abort_request(stopped)
                         for request_id in stopped:
@@ -184,7 +189,7 @@ class _Running:
         self.running = set(self.ids)
         self.unfinished = Counter(index for index, _ in self.ids.values())  # prompt index -> requests running
 
-    def answer_asks(self) -> List[str]:
+    def answer_asks(self, with_text: Callable[[Sample], Sample]) -> List[str]:
         """Hands over the groups asked for; returns the request ids stopped for it (to abort)."""
         handover, stopped = self.generation.handover, []
         for groups in handover.wanted() if handover is not None else ():
@@ -194,7 +199,7 @@ class _Running:
             now = [r for r in self.running if self.ids[r][0] in chosen]
             self.running.difference_update(now)
             stopped += now
-            handover.give(chosen, [s for i in chosen for s in self.samples.pop(i)])
+            handover.give(chosen, [with_text(s) for i in chosen for s in self.samples.pop(i)])
         return stopped
 
     def stepped(self, output: Any, with_text: Callable[[Sample], Sample]) -> bool:

@@ -167,7 +167,8 @@ class Controller:
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
                                               migrates=self.cluster.allows_migration and self.policy.migrates
                                               and devices > 1,
-                                              joins=self.cluster.inflight_groups > self.cluster.chunk_groups,
+                                              joins=self.cluster.inflight_groups > self.cluster.chunk_groups
+                                              and devices > 1,  # (one device runs its commands in turn: local.py)
                                               resume_from=str(resume.path) if resume else "",
                                               resume_version=resume.version if resume else 0))
         # transfers not yet reported done by every member: a step's reduction ("train"), a weight broadcast
@@ -287,7 +288,8 @@ class Controller:
         rest = reply.seconds - self.reported_s.pop(key, reply.seconds)
         if rest > 0:  # (every group it kept was reported before the chunk ended: the time since is the chunk's too)
             self.data.collect(reply.chunk, [], rest)
-        if groups and reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
+        if groups and reply.chunk not in self.split_chunks and not reply.shared:
+            # (a chunk split between devices times neither; nor does one that shared a batch with another)
             self.measured.chunk(reply.seconds, groups, first)
         return events
 

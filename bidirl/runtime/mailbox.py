@@ -46,7 +46,10 @@ class Mailbox:
                 self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout)))
             except RuntimeError:  # (the store's timeout): nothing arrived in time
                 return None
-        message = decode(self.store.get(key))  # blocks until the message exists
+        if self.peeked is not None and self.peeked[0] == (queue, n):  # (read already: peek_command)
+            message = self.peeked[1]
+        else:
+            message = decode(self.store.get(key))  # blocks until the message exists
         self.store.delete_key(key)
         self.taken[queue] = n + 1
         return message

@@ -220,6 +220,7 @@ class ChunkGenerated(Reply):
     samples: List[Sample]  # rewarded, in prompt order
     version: int
     joined: bool = False  # it joined the engine's batch while another chunk generated there (Plan.joins)
+    shared: bool = False  # it shared decode steps with another chunk: its seconds are not its own cost
 
 
 @dataclass

@@ -162,7 +162,7 @@ class Worker:
             if not isinstance(joining, msg.GenerateChunk):  # (anything else waits for the engine to stop)
                 return None
             self.mailbox.next_command(self.device)
-            return self.generation(joining, joined=True)
+            return self.generation(joining)
 
         try:
             with self.doing(S.GENERATING, f"chunk {command.chunk}"):
@@ -172,7 +172,7 @@ class Worker:
                 self.handovers.clear()
         return None
 
-    def generation(self, command: msg.GenerateChunk, joined: bool = False) -> Generation:
+    def generation(self, command: msg.GenerateChunk) -> Generation:
         """A chunk command as the engine runs it: its groups labelled and rewarded, each reported as it ends
         (``GroupsGenerated``) or is handed over (``GroupsHandedOver``), the rest in its ``ChunkGenerated``."""
         def label(samples: List[Sample]) -> List[Sample]:
@@ -196,7 +196,8 @@ class Worker:
                 self.handovers.pop(command.chunk, None)
             self.mailbox.post(msg.ChunkGenerated(device=self.device, seconds=time.perf_counter() - started,
                                                  chunk=command.chunk, samples=self.rewarded(label(samples)),
-                                                 version=self.rollout.version, joined=joined))
+                                                 version=self.rollout.version, joined=generation.joined,
+                                                 shared=generation.shared))
 
         handover = HandOver(hand_over) if self.migrates else None
         with self.handover_lock:
@@ -207,7 +208,8 @@ class Worker:
                     handover.ask(ask.groups, ask.ask)
             # (a device's chunks come in order: asks for earlier ones were for chunks already over)
             self.early_asks = {c: asks for c, asks in self.early_asks.items() if c > command.chunk}
-        return Generation(command.prompts, command.params, over, handover, group_done)
+        generation = Generation(command.prompts, command.params, over, handover, group_done)
+        return generation
 
     def rewarded(self, samples: List[Sample]) -> List[Sample]:
         for sample in samples:
