@@ -104,10 +104,11 @@ def test_a_migration_needs_a_driver_that_can_move_requests_and_weights_no_older_
         cluster.apply(ev.Migrate(0, 1, 1, version=1))
 
 
-def tails_on(sizes, trainers=2, eta=1, tail_placement=TailPlacement.DUE):
+def tails_on(sizes, trainers=2, eta=1, tail_placement=TailPlacement.DUE, migrates_into_batch=True):
     """Rollout devices decoding older tails of ``sizes`` groups (started at v0) while holding v1 weights."""
     cluster = Cluster([Role.ROLLOUT] * len(sizes) + [Role.TRAIN] * trainers, batch_groups=8, eta=eta, steps=4,
-                      chunk_groups=8, inflight_groups=16, allows_migration=True, tail_placement=tail_placement)
+                      chunk_groups=8, inflight_groups=16, allows_migration=True, tail_placement=tail_placement,
+                      migrates_into_batch=migrates_into_batch)
     for device, groups in enumerate(sizes):
         cluster.apply(ev.Generate(device, groups))
     cluster.version = cluster.published = 1
@@ -128,6 +129,27 @@ def test_older_tails_merge_onto_one_device_only_while_the_merge_barely_slows_the
         assert actions == [ev.Migrate(0, 1, 1, version=0)] and cluster.devices[0].idle and cluster.inflight[1] == 4
     else:  # 4 groups would step 2.5x slower than the 1 alone: both tails stay
         assert actions == [] and cluster.inflight == {0: 1, 1: 3, 2: 0, 3: 0}
+
+
+def test_where_moved_requests_wait_for_the_running_batch_tails_go_only_to_an_idle_lent_trainer():
+    # the live runtime: a ContinueGroups waits in a generating device's queue until its batch ends, so a
+    # tail merged onto it would not decode beside its own groups, as the bookkeeping would count
+    from bidirl.sched.estimates import Estimates
+
+    cluster = tails_on([1, 3], migrates_into_batch=False)
+    policy = build_policy("bidirl", Estimates(1.0, 1.0, 0.1, decode_step_s=0.01, decode_group_s=0.0001), 8)
+    actions = []
+    policy.consolidate_tail(cluster, actions)
+    assert actions == [] and cluster.inflight == {0: 1, 1: 3, 2: 0, 3: 0}  # (it merges where batches join)
+    with pytest.raises(AssertionError, match="cannot take requests now"):
+        cluster.apply(ev.Migrate(0, 1, 1, version=0))
+    for trainer in (3, 2):  # lent one after the other: idle, each takes one device's tail, the smallest first
+        cluster.apply(ev.Switch(trainer, Role.ROLLOUT, "lent"))
+        cluster.complete(ev.SwitchDone(trainer, Role.ROLLOUT))
+        assert policy.lent_to_rollout(cluster) == [cluster.devices[trainer]]  # (one generating takes no more)
+        policy.consolidate_tail(cluster, actions)
+    assert actions == [ev.Migrate(0, 3, 1, version=0), ev.Migrate(1, 2, 3, version=0)]
+    assert cluster.inflight == {0: 0, 1: 0, 2: 3, 3: 1}
 
 
 @pytest.mark.parametrize("per_group_s,step_period,lent", [(0.0001, 100.0, 1), (0.01, 100.0, 2), (0.0001, 0.0, 1),

@@ -56,7 +56,10 @@ behaviour log-probs so far unchanged, the new ones with the target's version) an
 itself. Asks carry ids, so an answer always meets its own ask. An ask for a chunk the source has
 not started waits on the worker for it; one that arrives after the source finished those groups is
 settled from the source's own ``ChunkGenerated``: the groups are reported done on the target at once,
-as the bookkeeping expects.
+as the bookkeeping expects. A target is idle when the groups move (``LIVE.migrates_into_batch`` is
+False): a ``ContinueGroups`` would wait in a generating device's queue until its batch ended, not decode
+beside it, so the bookkeeping moves requests only onto idle devices, one source's at a time -- in
+practice a lent trainer, which is never a source itself.
 
 Leases expire: a borrowed device that has not answered its micro-batch within the lease timeout leaves
 the step (``LeaseExpired``); what it computed goes back to the queue and its late reply is discarded.

@@ -62,10 +62,14 @@ class DriverCapabilities:
     streams_gradients: bool = True
     # move requests in flight to another device, which continues them (Migrate)
     migrates: bool = False
+    # moved requests join the target's running decode batch; without it, a target that is generating would
+    # run them only after its batch (the live runtime: ``ContinueGroups`` waits in the device's queue), so
+    # only idle devices take requests over
+    migrates_into_batch: bool = True
 
 
 LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True,
-                          pulls_micro_batches=True, migrates=True)
+                          pulls_micro_batches=True, migrates=True, migrates_into_batch=False)
 
 
 @dataclass
@@ -104,7 +108,7 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
                       inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
                       deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join,
                       streams=policy.streams_gradients and driver.streams_gradients and policy.deadlines,
-                      allows_migration=driver.migrates,
+                      allows_migration=driver.migrates, migrates_into_batch=driver.migrates_into_batch,
                       tail_placement=policy.tail_placement if shape.tail_placement is TailPlacement.AUTO
                       else shape.tail_placement)
     return Assembly(policy, cluster)

@@ -138,12 +138,13 @@ class VerlDynamicPolicy(AsyncPolicy):
                 issue(cluster, actions, ev.Migrate(source.index, taker.index, groups, version))
                 load[source.index] -= groups
                 load[taker.index] += groups
+                if not cluster.can_take_requests(taker):
+                    break  # (it runs moved requests after its batch: it takes them from one source, now)
 
     @staticmethod
     def lent_to_rollout(cluster: Cluster) -> List[Device]:
-        """Home trainers lent to rollout that can take requests now (idle or generating, nothing queued)."""
-        return [d for d in cluster.lent_to(Role.ROLLOUT)
-                if d.state in (DeviceState.IDLE, DeviceState.GENERATING) and not d.after_work]
+        """Home trainers lent to rollout that can take requests now (``Cluster.can_take_requests``)."""
+        return [d for d in cluster.lent_to(Role.ROLLOUT) if cluster.can_take_requests(d)]
 
     def lease_over(self, cluster: Cluster) -> bool:
         """A trainer lent to rollout goes home once idle: the next batch is fully admitted or can train."""
@@ -380,8 +381,10 @@ class BidirlPolicy(VerlDynamicPolicy):
     def consolidate_tail(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """Move the older tails of rollout devices onto a trainer lent to rollout, if one is -- onto each of
         them where trainers are to spare (``trainers_to_spare``) -- else onto the holder with the most
-        groups: smallest tails first, while the target has room and the weights to continue them, so the
-        devices they leave start admissible new groups. What a target takes is ``tail_merge``'s: tails merge
+        groups, where the driver adds moved requests to a running batch (``migrates_into_batch``; the live
+        runtime does not, so there only an idle lent trainer takes tails): smallest tails first, while the
+        target has room and the weights to continue them, so the devices they leave start admissible new
+        groups. What a target takes is ``tail_merge``'s: tails merge
         only while no group's decode step grows past ``MERGE_SLOWDOWN`` of its present one (the decode line
         at a tail's context: short tails are weight-bound and merge almost for free, long-context ones are
         not and stay put, or go to a lent trainer of their own) -- every older group is awaited by some
@@ -397,7 +400,9 @@ class BidirlPolicy(VerlDynamicPolicy):
         if len(takers) > 1 and not spare:
             takers = takers[:1]
         for taker in takers or [None]:
-            can_take = [d for d in holders if not d.after_work]  # (a device with a load queued takes nothing)
+            # (a holder is generating: it takes tails only where moved requests join its batch; one with a
+            # load queued takes nothing)
+            can_take = [d for d in holders if cluster.can_take_requests(d)]
             if taker is None and (len(holders) < 2 or not can_take):
                 return
             target = taker or max(can_take, key=lambda d: (cluster.inflight[d.index], -d.index))
@@ -412,7 +417,8 @@ class BidirlPolicy(VerlDynamicPolicy):
         merge keeps every group's decode step within ``MERGE_SLOWDOWN`` and fits ``target``'s room. A
         rollout-pool target takes whole tails, and so does a lent trainer where trainers are to ``spare``
         (``trainers_to_spare``, as the caller found); else a lent trainer takes only the groups due (the
-        next batch's), so that it is back when the step needs it."""
+        next batch's), so that it is back when the step needs it. Where moved requests do not join a running
+        batch (``migrates_into_batch``), one tail only."""
         due, est = cluster.due_version, self.estimates
         inflight, by_version = cluster.inflight, cluster.inflight_by_version
         everything = spare or target.home is Role.ROLLOUT
@@ -433,6 +439,8 @@ class BidirlPolicy(VerlDynamicPolicy):
                 continue
             moves += [(d, version, n) for version, n in sorted(versions.items()) if everything or version <= due]
             merged, slowest = merged + groups, smallest
+            if not cluster.migrates_into_batch:
+                break  # (an idle target: it would run a second tail only after the first)
         return moves
 
     def step_wants_trainers(self, cluster: Cluster) -> bool:

@@ -117,7 +117,7 @@ class Cluster:
     def __init__(self, homes: Sequence[Role], batch_groups: int, eta: float, steps: int, chunk_groups: int,
                  primary: Optional[int] = None, inflight_groups: int = 0, interruptible: bool = False,
                  deadlines: bool = True, updates_per_sync: int = 1, allows_join: bool = True,
-                 streams: bool = False, allows_migration: bool = False,
+                 streams: bool = False, allows_migration: bool = False, migrates_into_batch: bool = True,
                  tail_placement: TailPlacement = TailPlacement.DUE):
         if Role.TRAIN not in homes:
             raise ValueError("the partition needs at least one device in the train pool")
@@ -143,6 +143,9 @@ class Cluster:
         self.accepting_joins = False
         # can the driver move requests in flight from one device to another (``Migrate``)?
         self.allows_migration = allows_migration
+        # do moved requests join a target's running batch? If not, only an idle device takes requests over
+        # (``can_take_requests``)
+        self.migrates_into_batch = migrates_into_batch
         self.migrations: List[Tuple[float, int, int, int, int]] = []  # (time, source, device, groups, version)
         self.deadlines = deadlines
         if streams and not deadlines:
@@ -286,6 +289,13 @@ class Cluster:
         working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups)
         return (working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
                 and self.inflight[device.index] + groups <= self.inflight_groups)
+
+    def can_take_requests(self, device: Device) -> bool:
+        """May ``device`` take requests in flight over from another (``Migrate``) now: serving rollout with
+        nothing queued, and idle unless the driver adds moved requests to a running batch
+        (``migrates_into_batch``)?"""
+        working = device.state is S.IDLE or (device.state is S.GENERATING and self.migrates_into_batch)
+        return working and device.role is Role.ROLLOUT and not device.after_work
 
     def weights_next(self, device: Device) -> int:
         """The version ``device`` will generate with next: the one it holds, or the one it loads once its
@@ -517,7 +527,7 @@ class Cluster:
         assert source.index != target.index and groups > 0
         assert self.inflight_by_version[source.index].get(version, 0) >= groups, \
             f"device {source.index} has fewer than {groups} groups of v{version} in flight"
-        assert target.role is Role.ROLLOUT and target.state in (S.IDLE, S.GENERATING) and not target.after_work, \
+        assert self.can_take_requests(target), \
             f"device {target.index} cannot take requests now ({target.role.value}, {target.state.value})"
         assert self.inflight[target.index] + groups <= self.inflight_groups, f"device {target.index} has no room"
         assert target.version >= max(version, source.version), \
