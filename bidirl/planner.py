@@ -72,7 +72,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from bidirl.config import INSTANCE_SIZES, PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
-from bidirl.helpers import map_in_helpers
+from bidirl.helpers import map_in_helpers, side_by_side
 from bidirl.perf.analytic import PerfModel
 from bidirl.perf.memory import DeviceBudget
 from bidirl.perf.workload import Workload
@@ -306,11 +306,20 @@ def plan_instance_sizes(cfg: PipelineConfig, policy: Optional[str], horizon: Opt
     finely)."""
     start = time.perf_counter()
     policy = policy or cfg.launch.mode
-    plans = [plan(with_instances(cfg, k), policy, horizon, workload, check_memory, driver)
-             for k in fitting_sizes(cfg, policy, check_memory)]
+    plans = plans_of([with_instances(cfg, k) for k in fitting_sizes(cfg, policy, check_memory)], policy, horizon,
+                     workload, check_memory, driver)
     plans = on_one_horizon(cfg, plans, policy, workload, check_memory, driver, "instance sizes")
     return chosen_among(plans, start, "instance size", lambda p: f"{p.instance_devices}", "the smallest size",
                         lambda p: f"instances of {p.instance_devices} device{'s' if p.instance_devices > 1 else ''}")
+
+
+def plans_of(cfgs: List[PipelineConfig], policy: str, horizon: Optional[int], workload: Optional[Workload],
+             check_memory: bool, driver: Optional[DriverCapabilities], splits: Optional[List[int]] = None) -> List[Plan]:
+    """A plan of each config (of instance sizes, staleness bounds, or placements), searched side by side
+    where there are helper processes (``side_by_side``): each search asks for a few splits a round, and
+    one after the other they left the helpers idle between rounds."""
+    return side_by_side(functools.partial(plan, policy=policy, horizon=horizon, workload=workload,
+                                          check_memory=check_memory, driver=driver, splits=splits), cfgs)
 
 
 def chosen_among(plans: List[Plan], start: float, by: str, label: Callable[[Plan], str], preferred: str,
@@ -343,14 +352,23 @@ def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload
     too, where the cluster is large, as their first plans were)."""
     longest = max(p.horizon_steps for p in plans)
 
-    def again(p: Plan) -> Plan:
-        again = plan(with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices),
-                                                         TailPlacement(p.tail_placement)), p),
-                     policy, longest, workload, check_memory, driver, splits=[p.rollout_devices])
-        return dataclasses.replace(again, reason=f"{p.reason}; scored again on {longest} steps to compare {compared}",
-                                   simulated_splits=p.simulated_splits + again.simulated_splits)
+    shorter = [p for p in plans if p.horizon_steps < longest]
+    again = iter(side_by_side(planned_again, [
+        (with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)), p),
+         policy, longest, workload, check_memory, driver, p.rollout_devices) for p in shorter]))
 
-    return [p if p.horizon_steps == longest else again(p) for p in plans]
+    def scored_again(p: Plan) -> Plan:
+        a = next(again)
+        return dataclasses.replace(a, reason=f"{p.reason}; scored again on {longest} steps to compare {compared}",
+                                   simulated_splits=p.simulated_splits + a.simulated_splits)
+
+    return [p if p.horizon_steps == longest else scored_again(p) for p in plans]
+
+
+def planned_again(args: Tuple) -> Plan:
+    """One pick planned again at its own split on a longer horizon (for :func:`on_one_horizon`)."""
+    cfg, policy, horizon, workload, check_memory, driver, split = args
+    return plan(cfg, policy, horizon, workload, check_memory, driver, splits=[split])
 
 
 def staleness_is_open(cfg: PipelineConfig, policy: str) -> bool:
@@ -406,8 +424,8 @@ def plan_staleness(cfg: PipelineConfig, policy: str, horizon: Optional[int], wor
     sizes are (:func:`plan_instance_sizes`)."""
     start = time.perf_counter()
     bound = cfg.algorithm.staleness
-    plans = on_one_horizon(cfg, [plan(with_staleness(cfg, s), policy, horizon, workload, check_memory, driver, splits)
-                                 for s in staleness_candidates(bound)], policy, workload, check_memory, driver,
+    plans = on_one_horizon(cfg, plans_of([with_staleness(cfg, s) for s in staleness_candidates(bound)], policy, horizon,
+                                         workload, check_memory, driver, splits), policy, workload, check_memory, driver,
                            "staleness bounds")  # (the freshest first)
     return chosen_among(plans, start, "staleness", lambda p: f"{p.staleness:g}", "the freshest",
                         lambda p: f"staleness {p.staleness:g} of at most {bound:g}")
@@ -440,8 +458,8 @@ def plan_placements(cfg: PipelineConfig, policy: str, horizon: Optional[int], wo
     start = time.perf_counter()
     own = POLICIES[policy].tail_placement
     order = [own] + [p for p in (TailPlacement.DUE, TailPlacement.NONE) if p is not own]
-    plans = on_one_horizon(cfg, [plan(with_placement(cfg, p), policy, horizon, workload, check_memory, driver, splits)
-                                 for p in order], policy, workload, check_memory, driver, "placements")
+    plans = on_one_horizon(cfg, plans_of([with_placement(cfg, p) for p in order], policy, horizon, workload, check_memory,
+                                         driver, splits), policy, workload, check_memory, driver, "placements")
     return chosen_among(plans, start, "placement", lambda p: p.tail_placement, "the policy's own",
                         lambda p: f"older-tail placement '{p.tail_placement}'")
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bidirl.helpers import in_background, map_in_helpers
+from bidirl.helpers import in_background, map_in_helpers, side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,9 +34,16 @@ def simulated(results):
 
 fixed = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=12", "cluster.rollout_devices=6", "train.steps=6",
                                                  "train.prompts_per_step=48", "rollout.group_size=4"])
+# the staleness and the placement chosen too: the alternatives' searches side by side, nested
+choosing = load_config("pipelines/sim-32gpu.yaml", ["cluster.devices=12", "train.prompts_per_step=48",
+                                                     "rollout.group_size=4", "train.steps=8", "launch.chunk_groups=4",
+                                                     "algorithm.staleness=2", "algorithm.plan_staleness=true",
+                                                     "launch.tail_placement=auto"])
 alone, runs_alone = plan(cfg, "bidirl"), simulated(run_policies(fixed, ["areal", "bidirl"]))
+chose_alone = plan(choosing, "bidirl")
 with helper_processes() as workers:
     helped, runs_helped = plan(cfg, "bidirl"), simulated(run_policies(fixed, ["areal", "bidirl"]))
+    chose_helped = plan(choosing, "bidirl")
     try:
         map_in_helpers(int, ["1", "not a number"])
         error = None
@@ -46,7 +53,9 @@ with helper_processes() as workers:
     nested_results = map_in_helpers(nested, [1, 2])
 print(json.dumps({"workers": workers, "error": error, "torch": loaded_torch, "same_runs": runs_helped == runs_alone,
                   "nested": nested_results,
-                  "plans": [[p.rollout_devices, p.alternatives, p.simulated_splits] for p in (alone, helped)]}))
+                  "plans": [[p.rollout_devices, p.alternatives, p.simulated_splits] for p in (alone, helped)],
+                  "chosen": [[p.rollout_devices, p.staleness, p.tail_placement, p.alternatives, p.simulated_splits,
+                              p.reason.split("; ")[0]] for p in (chose_alone, chose_helped)]}))
 """
 
 
@@ -58,6 +67,8 @@ def test_the_planner_and_the_policies_simulate_alike_with_helper_processes_and_w
     assert result["workers"] == (min(2, cores) if cores >= 2 else 0)
     alone, helped = result["plans"]
     assert helped == alone  # same split, same alternatives in the same order, same number of splits scored
+    chose_alone, chose_helped = result["chosen"]  # (staleness and placement searched side by side in threads)
+    assert chose_helped == chose_alone and "by staleness" in chose_alone[-1]
     assert result["same_runs"]  # each policy simulated in a helper: the same rows and traces, in the order asked
     assert result["error"] == "invalid literal for int() with base 10: 'not a number'"  # a helper's error reaches us
     assert result["nested"] == [[1, 1, 1], [2, 2, 2]]  # helper work asked for inside a helper runs there, not never
@@ -65,6 +76,7 @@ def test_the_planner_and_the_policies_simulate_alike_with_helper_processes_and_w
 
 def test_without_helpers_the_work_runs_here_in_order_and_its_errors_reach_the_caller():
     assert map_in_helpers(lambda x: x * x, [3, 1, 2]) == [9, 1, 4]
+    assert side_by_side(lambda x: x * x, [3, 1, 2]) == [9, 1, 4]
     assert in_background(sum, [1, 2]).result() == 3
     with pytest.raises(ZeroDivisionError):
         in_background(lambda: 1 / 0).result()

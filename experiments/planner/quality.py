@@ -1,7 +1,7 @@
 """The planner against exhaustive search, on the 32-GPU results table, and the planner's speed.
 
     .venv/bin/python experiments/planner/quality.py [processes]    # quality table (~27 min on 2 cores)
-    .venv/bin/python experiments/planner/quality.py --speed        # one 32-device and one 1024-device plan
+    .venv/bin/python experiments/planner/quality.py --speed        # 32- and 1024-device plans, with helpers and without
     .venv/bin/python experiments/planner/quality.py --instances    # instance size and split chosen together
     .venv/bin/python experiments/planner/quality.py 2 --workloads=reasoning   # some workloads only
     .venv/bin/python experiments/planner/quality.py 2 --close-calls  # what settling close calls changes (~6 min)
@@ -28,6 +28,7 @@ short horizon wins), both picks re-scored as above (60 steps, mean of 3 seeds), 
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -36,6 +37,7 @@ from typing import List
 
 import bidirl.planner as planner
 from bidirl.config import load_config
+from bidirl.helpers import helper_processes
 from bidirl.planner import plan, planning_config
 from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sim.run import simulate
@@ -131,15 +133,21 @@ def close_call_cell(args) -> str:
 
 
 def speed() -> None:
+    """Each plan in this process alone, then with the helper processes ``bidirl plan`` starts (two on this
+    machine's two cores): the planner's own speed, and what a user waits for."""
     for devices, steps in ((32, 200), (1024, 100)):  # speed.py's clusters: 16 prompts x 8 per device and step
-        cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices,  # (as `bidirl plan` runs it: the
-                     extra=[f"train.prompts_per_step={16 * devices}", "algorithm.plan_staleness=true"],  # staleness
-                     placement="auto")  # and the placement chosen too)
-        start = time.perf_counter()
-        result = plan(cfg)
-        print(f"{devices} devices: plan in {time.perf_counter() - start:.1f} s "
-              f"({result.simulated_splits} splits simulated, {result.horizon_steps}-step horizon): "
-              f"{result.rollout_devices}/{devices - result.rollout_devices}", flush=True)
+        for choose_staleness in (False, True):  # (the placement is chosen in both, as `bidirl plan` does)
+            cfg = config("gsm8k", 1, "bidirl", steps=steps, devices=devices, placement="auto",
+                         extra=[f"train.prompts_per_step={16 * devices}", f"algorithm.plan_staleness={choose_staleness}"])
+            for helped in (False, True):
+                with helper_processes() if helped else contextlib.nullcontext(0) as helpers:
+                    start = time.perf_counter()
+                    result = plan(cfg)
+                    seconds = time.perf_counter() - start
+                print(f"{devices} devices, staleness {'chosen' if choose_staleness else 'as given'}, "
+                      f"{helpers} helper processes: plan in {seconds:.1f} s ({result.simulated_splits} splits simulated, "
+                      f"{result.horizon_steps}-step horizon): {result.rollout_devices}/{devices - result.rollout_devices}",
+                      flush=True)
 
 
 def main(argv: List[str]) -> None:
