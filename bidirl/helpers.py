@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Optional, Sequence
@@ -33,6 +34,9 @@ def helper_processes(limit: int = 2) -> Iterator[int]:
         return
     _pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_helper)
     _workers = workers
+    # forked now, every one (a forking pool starts them all at its first task), while this is the only
+    # thread: forked later from a thread of ``side_by_side``, a helper could inherit a lock another held
+    list(_pool.map(int, range(workers)))
     try:
         yield workers
     finally:
@@ -53,16 +57,18 @@ def _start_helper() -> None:
 def map_in_helpers(fn: Callable[[Any], Any], items: Sequence[Any]) -> List[Any]:
     """``[fn(x) for x in items]``, computed in the helper processes if there are any (``fn`` and the items
     picklable); the first error is raised here."""
-    if _pool is None or len(items) < 2:
-        return [fn(x) for x in items]
-    return list(_pool.map(fn, items))
+    if _pool is None or (len(items) < 2 and threading.current_thread() is threading.main_thread()):
+        return [fn(x) for x in items]  # (one item, and nothing else to do meanwhile: here costs no pickling)
+    return list(_pool.map(fn, items))  # (in a thread of ``side_by_side``, even one: the threads share one core)
 
 
 def side_by_side(fn: Callable[[Any], Any], items: Sequence[Any]) -> List[Any]:
     """``[fn(x) for x in items]``, each in a thread of this process where there are helpers, so that the
-    helper work each one asks for (``map_in_helpers``) queues beside the others' instead of after them:
-    searches that ask for a few simulations a round keep the helpers busy together. The threads only wait
-    for the helpers; the results are the same, in order."""
+    helper work each one asks for (``map_in_helpers``, which from such a thread sends even one item to the
+    helpers) queues beside the others' instead of after them: searches that ask for a few simulations a
+    round keep the helpers busy together. The threads mostly wait for the helpers (the pure-Python work
+    they do themselves, between rounds, takes the GIL in turn); the results are the same, in order. An
+    error, or Ctrl-C, reaches the caller once every thread has ended."""
     if _pool is None or len(items) < 2:
         return [fn(x) for x in items]
     with ThreadPoolExecutor(len(items)) as threads:

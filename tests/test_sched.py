@@ -150,6 +150,26 @@ def test_where_moved_requests_wait_for_the_running_batch_tails_go_only_to_an_idl
         policy.consolidate_tail(cluster, actions)
     assert actions == [ev.Migrate(0, 3, 1, version=0), ev.Migrate(1, 2, 3, version=0)]
     assert cluster.inflight == {0: 0, 1: 0, 2: 3, 3: 1}
+    # room for chunks to join (16 groups in flight), but not beside moved requests, which no chunk joins
+    assert not cluster.has_room(cluster.devices[3], 1)
+    cluster.complete(ev.ChunkDone(3, chunk=0, groups=1))
+    assert cluster.devices[3].idle and cluster.has_room(cluster.devices[3], 1)
+
+
+@pytest.mark.parametrize("into_batch,moves", [(True, [(0, 1), (1, 1)]), (False, [(0, 1)])])
+def test_a_lent_trainer_rebalances_from_one_source_where_moved_requests_wait_for_the_running_batch(into_batch, moves):
+    from bidirl.sched.estimates import Estimates
+
+    cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN, Role.TRAIN], batch_groups=8, eta=1, steps=6,
+                      chunk_groups=1, inflight_groups=16, allows_migration=True, migrates_into_batch=into_batch)
+    for _ in range(3):
+        cluster.apply(ev.Generate(0, 1))
+        cluster.apply(ev.Generate(1, 1))
+    cluster.apply(ev.Switch(3, Role.ROLLOUT, "lent"))
+    cluster.complete(ev.SwitchDone(3, Role.ROLLOUT))
+    actions = []
+    build_policy("verl-dynamic", Estimates(1.0, 1.0, 0.1), 8).rebalance(cluster, actions)
+    assert [(a.source, a.groups) for a in actions] == moves and {a.device for a in actions} == {3}  # mean load: 2
 
 
 @pytest.mark.parametrize("per_group_s,step_period,lent", [(0.0001, 100.0, 1), (0.01, 100.0, 2), (0.0001, 0.0, 1),

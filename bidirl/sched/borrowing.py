@@ -118,7 +118,8 @@ class VerlDynamicPolicy(AsyncPolicy):
     def rebalance(self, cluster: Cluster, actions: List[ev.Action]) -> None:
         """veRL's ``dynamic_schedule_enable_rebalance``: a trainer lent to rollout takes requests in flight
         from the most loaded rollout devices (their oldest groups first, so the batch the train pool needs
-        next is what it helps finish) until it holds the pool's mean load."""
+        next is what it helps finish) until it holds the pool's mean load -- from one source, one version, where
+        moved requests do not join a running batch (``Cluster.can_take_requests``: it is idle, then not)."""
         if not self.migrating(cluster) or self.lease_over(cluster):
             return  # (a lent trainer whose lease is over goes home instead of taking more)
         takers = self.lent_to_rollout(cluster)
@@ -418,7 +419,7 @@ class BidirlPolicy(VerlDynamicPolicy):
         rollout-pool target takes whole tails, and so does a lent trainer where trainers are to ``spare``
         (``trainers_to_spare``, as the caller found); else a lent trainer takes only the groups due (the
         next batch's), so that it is back when the step needs it. Where moved requests do not join a running
-        batch (``migrates_into_batch``), one tail only."""
+        batch (``migrates_into_batch``), one tail of one version only."""
         due, est = cluster.due_version, self.estimates
         inflight, by_version = cluster.inflight, cluster.inflight_by_version
         everything = spare or target.home is Role.ROLLOUT
@@ -437,10 +438,11 @@ class BidirlPolicy(VerlDynamicPolicy):
             smallest = min(slowest, inflight[d.index])
             if est.merged_slowdown(smallest, merged + groups) > self.MERGE_SLOWDOWN:
                 continue
+            if not cluster.migrates_into_batch:  # (an idle target runs one move now, a second only after it)
+                oldest = min(versions)  # (<= due: some due groups are there)
+                return [(d, oldest, versions[oldest])]
             moves += [(d, version, n) for version, n in sorted(versions.items()) if everything or version <= due]
             merged, slowest = merged + groups, smallest
-            if not cluster.migrates_into_batch:
-                break  # (an idle target: it would run a second tail only after the first)
         return moves
 
     def step_wants_trainers(self, cluster: Cluster) -> bool:

@@ -146,6 +146,9 @@ class Cluster:
         # do moved requests join a target's running batch? If not, only an idle device takes requests over
         # (``can_take_requests``)
         self.migrates_into_batch = migrates_into_batch
+        # devices continuing moved requests where those do not join batches: a chunk started there would
+        # wait for them (the live worker runs its commands in turn), so none is (``has_room``)
+        self.continuing: set = set()
         self.migrations: List[Tuple[float, int, int, int, int]] = []  # (time, source, device, groups, version)
         self.deadlines = deadlines
         if streams and not deadlines:
@@ -286,7 +289,8 @@ class Cluster:
 
     def has_room(self, device: Device, groups: int) -> bool:
         """May ``device`` take ``groups`` more groups now (serving rollout, nothing queued, capacity left)?"""
-        working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups)
+        working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups
+                                             and device.index not in self.continuing)
         return (working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
                 and self.inflight[device.index] + groups <= self.inflight_groups)
 
@@ -295,7 +299,7 @@ class Cluster:
         nothing queued, and idle unless the driver adds moved requests to a running batch
         (``migrates_into_batch``)?"""
         working = device.state is S.IDLE or (device.state is S.GENERATING and self.migrates_into_batch)
-        return working and device.role is Role.ROLLOUT and not device.after_work
+        return working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
 
     def weights_next(self, device: Device) -> int:
         """The version ``device`` will generate with next: the one it holds, or the one it loads once its
@@ -538,6 +542,8 @@ class Cluster:
             if not self.inflight_by_version[index][version]:
                 del self.inflight_by_version[index][version]
         self.migrations.append((self.now, source.index, target.index, groups, version))
+        if not self.migrates_into_batch:
+            self.continuing.add(target.index)
         reason = f"takes over {groups} groups of v{version} from device {source.index}"
         if target.idle:
             target.transition(S.GENERATING, self.now, reason, self._log)
@@ -651,6 +657,8 @@ class Cluster:
         if not by_version[chunk.version]:
             del by_version[chunk.version]
         device = self.devices[event.device]
+        if self.inflight[event.device] == 0:
+            self.continuing.discard(event.device)
         if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
             self._work_finished(device, f"chunk {chunk.index} done")
 
