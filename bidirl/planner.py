@@ -352,23 +352,15 @@ def on_one_horizon(cfg: PipelineConfig, plans: List[Plan], policy: str, workload
     too, where the cluster is large, as their first plans were)."""
     longest = max(p.horizon_steps for p in plans)
 
-    shorter = [p for p in plans if p.horizon_steps < longest]
-    again = iter(side_by_side(planned_again, [
-        (with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices), TailPlacement(p.tail_placement)), p),
-         policy, longest, workload, check_memory, driver, p.rollout_devices) for p in shorter]))
+    def again(p: Plan) -> Plan:
+        again = plan(with_plans_staleness(with_placement(with_instances(cfg, p.instance_devices),
+                                                         TailPlacement(p.tail_placement)), p),
+                     policy, longest, workload, check_memory, driver, splits=[p.rollout_devices])
+        return dataclasses.replace(again, reason=f"{p.reason}; scored again on {longest} steps to compare {compared}",
+                                   simulated_splits=p.simulated_splits + again.simulated_splits)
 
-    def scored_again(p: Plan) -> Plan:
-        a = next(again)
-        return dataclasses.replace(a, reason=f"{p.reason}; scored again on {longest} steps to compare {compared}",
-                                   simulated_splits=p.simulated_splits + a.simulated_splits)
-
-    return [p if p.horizon_steps == longest else scored_again(p) for p in plans]
-
-
-def planned_again(args: Tuple) -> Plan:
-    """One pick planned again at its own split on a longer horizon (for :func:`on_one_horizon`)."""
-    cfg, policy, horizon, workload, check_memory, driver, split = args
-    return plan(cfg, policy, horizon, workload, check_memory, driver, splits=[split])
+    shorter = iter(side_by_side(again, [p for p in plans if p.horizon_steps < longest]))  # (threads: no pickling)
+    return [p if p.horizon_steps == longest else next(shorter) for p in plans]
 
 
 def staleness_is_open(cfg: PipelineConfig, policy: str) -> bool:

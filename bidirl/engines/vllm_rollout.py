@@ -59,12 +59,12 @@ class VLLMRolloutEngine(PauseGate):
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, handover: Optional[HandOver] = None,
                  done: Optional[Callable[[List[Sample]], None]] = None) -> List[Sample]:
-        self.wait_if_paused()
-        if handover is not None or done is not None:  # the step loop, for one generation
+        if handover is not None or done is not None:  # the step loop, for one generation (it waits if paused)
             kept: List[Sample] = []
             pending = [Generation(prompts, params, kept.extend, handover, done)]
             self.serve(lambda: pending.pop() if pending else None)
             return kept
+        self.wait_if_paused()
         sampling = vllm_sampling(params, params.n, params.max_new_tokens)
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)

@@ -26,6 +26,11 @@ from bidirl.runtime.wire import decode, encode
 PREFIX = "ctl/"
 
 
+def _key(queue: str, n: int) -> str:
+    """The store key of the ``n``-th message of ``queue``."""
+    return f"{PREFIX}{queue}/{n}"
+
+
 class Mailbox:
     def __init__(self, store: Any):
         self.store = store
@@ -36,11 +41,11 @@ class Mailbox:
     def _put(self, queue: str, message: Any) -> None:
         n = self.sent.get(queue, 0)
         self.sent[queue] = n + 1
-        self.store.set(f"{PREFIX}{queue}/{n}", encode(message))
+        self.store.set(_key(queue, n), encode(message))
 
     def _take(self, queue: str, timeout: Optional[float] = None) -> Any:
         n = self.taken.get(queue, 0)
-        key = f"{PREFIX}{queue}/{n}"
+        key = _key(queue, n)
         if timeout is not None:
             try:
                 self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout)))
@@ -77,7 +82,7 @@ class Mailbox:
         queue = f"cmd/{device}"
         n = self.taken.get(queue, 0)
         if self.peeked is None or self.peeked[0] != (queue, n):
-            key = f"{PREFIX}{queue}/{n}"
+            key = _key(queue, n)
             if not self.store.check([key]):
                 return None
             self.peeked = ((queue, n), decode(self.store.get(key)))

@@ -291,7 +291,7 @@ class Cluster:
         """May ``device`` take ``groups`` more groups now (serving rollout, nothing queued, capacity left)?"""
         working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups
                                              and device.index not in self.continuing)
-        return (working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
+        return (working and self._open_to_rollout(device)
                 and self.inflight[device.index] + groups <= self.inflight_groups)
 
     def can_take_requests(self, device: Device) -> bool:
@@ -299,7 +299,11 @@ class Cluster:
         nothing queued, and idle unless the driver adds moved requests to a running batch
         (``migrates_into_batch``)?"""
         working = device.state is S.IDLE or (device.state is S.GENERATING and self.migrates_into_batch)
-        return working and device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
+        return working and self._open_to_rollout(device)
+
+    def _open_to_rollout(self, device: Device) -> bool:
+        """Serving rollout, nothing queued behind its work, not leaving its pool: it may be given groups."""
+        return device.role is Role.ROLLOUT and not device.after_work and device.index not in self.leaving
 
     def weights_next(self, device: Device) -> int:
         """The version ``device`` will generate with next: the one it holds, or the one it loads once its
@@ -659,8 +663,8 @@ class Cluster:
         device = self.devices[event.device]
         if self.inflight[event.device] == 0:
             self.continuing.discard(event.device)
-        if self.inflight[event.device] == 0 and device.state is not S.SYNCING:
-            self._work_finished(device, f"chunk {chunk.index} done")
+            if device.state is not S.SYNCING:
+                self._work_finished(device, f"chunk {chunk.index} done")
 
     def _sync_done(self, event: ev.SyncDone) -> None:
         assert event.version == self.syncing
