@@ -26,7 +26,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from bidirl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
+from bidirl.engines import JOINS_RUNNING_BATCH, ROLLOUT_ENGINES, TRAIN_ENGINES
 from bidirl.errors import ConfigError
 from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
@@ -183,8 +183,9 @@ class LaunchConfig:
     chunk_groups: int = 8  # prompt groups per generation command: the granularity of interruption
     # groups a live rollout device may hold in flight at once (continuous batching): a chunk started on a
     # device still generating joins its engine's running batch, taking the slots of requests that ended.
-    # 0 = one chunk at a time; else at least chunk_groups (vLLM joins; the HF engine's static batches run
-    # such chunks one after the other). The simulator's devices hold a KV cache's worth (its perf model)
+    # 0 = one chunk at a time; else at least chunk_groups, with an engine that joins (vLLM: the HF engine's
+    # static batches would run such chunks one after the other). The simulator's devices hold a KV cache's
+    # worth (its perf model)
     inflight_groups: int = 0
     # which older tails (groups a device still decodes, started with weights older than it now holds) keep
     # new groups off that device: due = one the next step must contain, none = no tail (continuous
@@ -565,6 +566,11 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     if held and held < cfg.launch.chunk_groups:
         raise ConfigError(f"{source}: key 'launch.inflight_groups' must be 0 (one chunk at a time) or at least "
                           f"launch.chunk_groups={cfg.launch.chunk_groups}; got {held}")
+    if held and cfg.rollout.engine not in JOINS_RUNNING_BATCH:
+        # (the bookkeeping would count chunks as decoding together that the engine runs one after the other)
+        raise ConfigError(f"{source}: key 'launch.inflight_groups' needs a rollout engine that batches continuously "
+                          f"({', '.join(sorted(JOINS_RUNNING_BATCH))}); rollout.engine={cfg.rollout.engine} runs "
+                          "one chunk after the other")
     if cfg.launch.lease_timeout_s < 0:
         raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")
     for key in ("train.checkpoint_every", "train.keep_checkpoints", "launch.max_restarts"):

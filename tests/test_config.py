@@ -131,6 +131,12 @@ def test_a_live_device_holds_one_chunk_or_at_least_a_chunks_groups_in_flight():
         load_config("pipelines/cpu-tiny.yaml", ["launch.chunk_groups=16", "launch.inflight_groups=8"])
 
 
+def test_chunks_in_flight_together_need_an_engine_that_joins_them_to_its_running_batch():
+    with pytest.raises(ConfigError, match=r"'launch.inflight_groups' needs a rollout engine that batches continuously "
+                                          r"\(vllm\); rollout.engine=hf runs one chunk after the other"):
+        load_config("pipelines/cpu-tiny.yaml", ["launch.chunk_groups=16", "launch.inflight_groups=64", "rollout.engine=hf"])
+
+
 def test_a_recorded_staleness_bound_below_the_staleness_run_is_refused():
     with pytest.raises(ConfigError, match=r"'algorithm.staleness_bound' \(1\) must be at least algorithm.staleness \(2\)"):
         load_config("pipelines/cpu-tiny.yaml", ["algorithm.staleness=2", "algorithm.staleness_bound=1"])

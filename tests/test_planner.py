@@ -898,7 +898,8 @@ def test_a_kv_cache_that_holds_more_than_a_chunk_leaves_the_placement_to_the_pla
 
 def test_a_live_device_whose_chunks_join_its_batch_in_flight_leaves_the_placement_to_the_planner(monkeypatch):
     seen = placements_simulated(monkeypatch)
-    cfg = small("launch.mode=bidirl", "algorithm.staleness=1", f"launch.inflight_groups={2 * small().launch.chunk_groups}")
+    cfg = small("launch.mode=bidirl", "algorithm.staleness=1", "rollout.engine=vllm",
+                f"launch.inflight_groups={2 * small().launch.chunk_groups}")
     plan(cfg, horizon=4, driver=cfg.live_driver())
     assert cfg.live_driver().inflight_groups == 2 * cfg.launch.chunk_groups and seen == {"due", "none"}
 
