@@ -3,10 +3,11 @@ migration): whichever order the replies come in, each group is done once, on the
 gave it to. The live runs in ``test_runtime.py`` exercise it end to end; the orders that a timing race
 produces rarely are written out here."""
 
+import dataclasses
 from collections import Counter
 
 from bidirl.runtime import protocol as msg
-from bidirl.runtime.controller import Controller
+from bidirl.runtime.controller import Controller, Move
 from bidirl.samples import Sample
 from bidirl.sched import events as ev
 
@@ -31,7 +32,8 @@ def controller_after_a_migrate(holds: int, *asked: int) -> Controller:
     c = object.__new__(Controller)  # (only the migration bookkeeping: no run, no mailbox)
     c.held = {SOURCE: Counter({CHUNK: holds - sum(asked)}), TARGET: Counter({CHUNK: sum(asked)})}
     c.asked = {n: (SOURCE, CHUNK, TARGET, groups) for n, groups in enumerate(asked)}
-    c.reported, c.reported_s, c.data = Counter(), {}, Collected()
+    c.move_of = {n: Move(TARGET, {n}) for n in range(len(asked))}
+    c.reported, c.reported_s, c.data, c.throughput = Counter(), {}, Collected(), {}
     return c
 
 
@@ -82,7 +84,8 @@ def controller_timing_chunks() -> Controller:
 
     c = controller_after_a_migrate(0)
     c.held = {SOURCE: Counter(), TARGET: Counter()}
-    c.chunks_open, c.generated_on, c.split_chunks, c.measured = 0, set(), set(), MeasuredEstimates()
+    c.chunks_open, c.generated_on, c.split_chunks, c.measured, c.continued = 0, set(), set(), MeasuredEstimates(), {}
+    c.open_on, c.timed_shared = Counter({SOURCE: 1, TARGET: 1}), set()  # (one command open on each)
     return c
 
 
@@ -109,3 +112,93 @@ def test_a_first_chunk_split_by_a_migration_times_nothing_but_still_marks_its_de
     c.split_chunks.add(CHUNK)  # (some of its groups went to another device: neither times the chunk)
     c._chunk_generated(chunk_generated(SOURCE, CHUNK, (0, 1), 3.0))
     assert c.measured.first_chunks == [] and SOURCE in c.generated_on
+
+
+class Sent:
+    """The mailbox's side: every command sent, main and side queues alike."""
+
+    def __init__(self):
+        self.commands = []
+
+    def send(self, device, command):
+        self.commands.append((device, command))
+
+    send_weights = send
+
+
+def controller_with_two_joined_chunks_on_the_source() -> Controller:
+    """The source runs chunks 0 and 1 of version 0 in one batch (chunks that joined a batch in flight),
+    two groups each; the target is idle."""
+    from types import SimpleNamespace
+
+    from bidirl.sched.cluster import Chunk
+
+    c = controller_timing_chunks()
+    c.held = {SOURCE: Counter({0: 2, 1: 2}), TARGET: Counter()}
+    c.cluster = SimpleNamespace(primary=TARGET, chunks=[Chunk(0, SOURCE, 0, 2, 0), Chunk(1, SOURCE, 2, 2, 0)])
+    c.mailbox, c.asked, c.move_of, c.next_ask, c.continued = Sent(), {}, {}, 0, {}
+    c.data.params = SimpleNamespace(max_new_tokens=8)
+    c.report = SimpleNamespace(handovers=[], elapsed=lambda: 1.0)
+    return c
+
+
+def unfinished(chunk_first, *indices):
+    """Samples of a chunk's groups stopped mid-generation, labelled with their groups as the worker does."""
+    samples = []
+    for i in indices:
+        for _ in range(2):
+            sample = Sample(i, [1], [2], "", [-0.1], 0, finished=False)
+            sample.extra["group"] = chunk_first + i
+            samples.append(sample)
+    return samples
+
+
+def test_a_tail_of_two_joined_chunks_moves_as_one_continuation_whose_answer_is_done_chunk_by_chunk():
+    c = controller_with_two_joined_chunks_on_the_source()
+    c._migrate(ev.Migrate(SOURCE, TARGET, 4, 0))
+    assert [type(command) for _, command in c.mailbox.commands] == [msg.HandOverGroups, msg.HandOverGroups]
+
+    c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=0, samples=unfinished(0, 0, 1), ask=0))
+    assert len(c.mailbox.commands) == 2  # the target waits for the rest of the tail: one batch, as counted
+    c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=1, samples=unfinished(2, 0, 1), ask=1))
+    (device, continuation), = c.mailbox.commands[2:]
+    assert device == TARGET and isinstance(continuation, msg.ContinueGroups) and len(continuation.samples) == 8
+
+    continued = [dataclasses.replace(s, completion_ids=[2, 3], finished=True) for s in continuation.samples]
+    events = c._chunk_generated(msg.ChunkGenerated(device=TARGET, seconds=2.0, chunk=continuation.chunk,
+                                                   samples=continued, version=0))
+    assert events == [ev.ChunkDone(TARGET, 0, 2), ev.ChunkDone(TARGET, 1, 2)]
+    assert c.data.seconds == Counter({0: 1.0, 1: 1.0}) and c.chunks_open == 0 and c.continued == {}
+    assert c.reported == Counter() and c.reported_s == {}
+
+
+def test_an_ask_of_a_move_settled_from_groups_the_source_finished_leaves_the_rest_to_continue_alone():
+    c = controller_with_two_joined_chunks_on_the_source()
+    c._migrate(ev.Migrate(SOURCE, TARGET, 4, 0))
+    finished_first = {i: [dataclasses.replace(s, finished=True) for s in unfinished(0, i)] for i in (0, 1)}
+    assert c.finished(SOURCE, 0, finished_first, 1.0) == [ev.ChunkDone(TARGET, 0, 2)]  # chunk 0 ended first
+    assert len(c.mailbox.commands) == 2
+    c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=1, samples=unfinished(2, 0, 1), ask=1))
+    (device, continuation), = c.mailbox.commands[2:]
+    assert continuation.chunk == 1 and len(continuation.samples) == 4
+
+
+def test_chunks_that_share_the_engines_batch_are_timed_by_the_devices_throughput(monkeypatch):
+    import bidirl.runtime.controller as controller
+
+    clock = [100.0]
+    monkeypatch.setattr(controller.time, "perf_counter", lambda: clock[0])
+    c = controller_with_two_joined_chunks_on_the_source()
+    c.cluster.chunk_groups, c.open_on = 2, Counter()
+    c.generation_sent(SOURCE)
+    c.generation_sent(SOURCE)  # (chunk 1 joins chunk 0's batch)
+    clock[0] = 103.0
+    c._groups_generated(msg.GroupsGenerated(device=SOURCE, seconds=3.0, chunk=0, samples=unfinished(0, 0)))
+    clock[0] = 104.0
+    shared = dict(version=0, shared=True)
+    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=4.0, chunk=0, samples=unfinished(0, 1), **shared))
+    assert c.measured.seen == set()  # the device's first time (the run's start) is not taken
+    clock[0] = 105.5
+    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=5.5, chunk=1, samples=unfinished(2, 0, 1), **shared))
+    assert c.measured.current().generate_group_s == 0.75 and c.measured.current().chunk_s == 1.5  # 2 groups in 1.5 s
+    assert c.throughput == {} and c.open_on[SOURCE] == 0 and c.chunks_open == 0  # (nothing open: no mark)

@@ -37,7 +37,8 @@ Chunks that join a batch in flight (``launch.inflight_groups`` above ``launch.ch
 bookkeeping may start a chunk on a device still generating, as the simulator's instances batch
 continuously; its command goes to the device's queue as any other, and the worker's engine takes it
 into its running batch between two decode steps (or runs it next, if the batch ended first). Each chunk
-replies for itself when its last request ends.
+replies for itself when its last request ends; as no such chunk's seconds are its own, generation is
+then timed by the device's throughput (``time_shared``).
 
 Groups as they end: an engine that can tell (vLLM's continuous batching) reports each group the
 moment its last sample ends (``GroupsGenerated``), as the simulator's instances do, and the chunk's own
@@ -53,8 +54,11 @@ source on its *side* queue (``HandOverGroups``: its main thread is generating, i
 free), the source's engine stops that many groups between two decode steps and posts their samples so
 far (``GroupsHandedOver``), and the target continues them (``ContinueGroups``: the tokens and
 behaviour log-probs so far unchanged, the new ones with the target's version) and reports them done
-itself. Asks carry ids, so an answer always meets its own ask. An ask for a chunk the source has
-not started waits on the worker for it; one that arrives after the source finished those groups is
+itself. One ``Migrate`` is one continuation, sent once every ask it made is answered: where chunks join a
+batch in flight, a source's tail of one version can span several chunks, which the bookkeeping counts as
+decoding together on the target, and so they do. Asks carry ids, so an answer always meets its own ask.
+An ask for a chunk the source has not started waits on the worker for it; one that arrives after the
+source finished those groups is
 settled from the source's own ``ChunkGenerated``: the groups are reported done on the target at once,
 as the bookkeeping expects. A target is idle when the groups move (``LIVE.migrates_into_batch`` is
 False): a ``ContinueGroups`` would wait in a generating device's queue until its batch ended, not decode
@@ -74,7 +78,7 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError, Unrecoverable
@@ -93,6 +97,18 @@ from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner, Replanner, R
 from bidirl.sched.roles import Role
 from bidirl.sched.trace import median
 from bidirl.ui import progress_bar, say
+
+
+@dataclass
+class Move:
+    """One ``Migrate`` under way: its asks to the source not yet answered, and the samples handed over so
+    far. The target continues them all in one ``ContinueGroups``, as the bookkeeping counts them: where
+    chunks join a batch in flight, one source's tail of one version can span several chunks, and one
+    command per chunk would run them one after the other."""
+
+    target: int
+    waiting: Set[int]  # asks
+    samples: Dict[int, List[Any]] = field(default_factory=dict)  # chunk -> the samples handed over of it
 
 
 BLOCKED_BY = {"sync": ("train", "pair"), "train": ("sync", "pair"), "pair": ("sync",)}  # (Controller.exclusive)
@@ -145,6 +161,12 @@ class Controller:
         # after the worker's own at start-up. (The cluster's
         # ``warmed`` is what the policy sees, applied with the events; this is when a reply is timed.)
         self.generated_on: set = set()
+        # generation timed by throughput where chunks share an engine's batch (``ChunkGenerated.shared``: no
+        # chunk's seconds are its own): per device with generation commands open, since when and how many
+        # groups it has finished and kept since then (``time_shared``)
+        self.open_on: Counter = Counter()  # device -> generation commands sent, not yet replied to
+        self.throughput: Dict[int, List[float]] = {}  # device -> [since, groups finished]
+        self.timed_shared: set = set()  # devices timed once so (the first time is not observed: time_shared)
         self.trained_lengths = ResponseLengths()  # what the re-planner reads
         self.replanner: Replanner = NO_REPLANNING
         if cfg.cluster.replan_every:
@@ -189,6 +211,10 @@ class Controller:
         # sent to a source not yet answered, chunks split so far
         self.held: Dict[int, Counter] = {d: Counter() for d in range(devices)}
         self.asked: Dict[int, Tuple[int, int, int, int]] = {}  # ask -> (source, chunk, target, groups)
+        self.move_of: Dict[int, Move] = {}  # ask not yet answered -> the Migrate it is part of
+        # the chunks of each continuation sent, per (target, the command's chunk), in the order sent (a
+        # target is never the device of the chunks it continues: its own chunks' replies never meet these)
+        self.continued: Dict[Tuple[int, int], Deque[Tuple[int, ...]]] = {}
         self.next_ask = 0
         self.split_chunks: Set[int] = set()
         # groups a device reported done of a chunk still generating there (GroupsGenerated), and the
@@ -286,20 +312,81 @@ class Controller:
         if reply.joined:
             self.report.joined_chunks.append({"t": round(self.report.elapsed(), 4), "device": reply.device,
                                               "chunk": reply.chunk, "seconds": round(reply.seconds, 4)})
+        if key in self.continued:  # (groups moved here, of one chunk or several: each chunk's are done)
+            events = self.continuation_over(reply)
+            self.restart_throughput(reply.device)  # (a continuation times nothing: its chunks are split)
+            return events
         events = self.finished(reply.device, reply.chunk, by_group(reply.samples), reply.seconds)
         groups = self.reported.pop(key, 0)  # (every group this device finished of the chunk and kept)
         rest = reply.seconds - self.reported_s.pop(key, reply.seconds)
         if rest > 0:  # (every group it kept was reported before the chunk ended: the time since is the chunk's too)
             self.data.collect(reply.chunk, [], rest)
-        if groups and reply.chunk not in self.split_chunks and not reply.shared:
-            # (a chunk split between devices times neither; nor does one that shared a batch with another)
+        if reply.shared:  # (its seconds are not its own: the device's throughput is timed instead)
+            self.time_shared(reply.device)
+        elif groups and reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
             self.measured.chunk(reply.seconds, groups, first)
+        self.restart_throughput(reply.device)
         return events
+
+    def time_shared(self, device: int) -> None:
+        """Chunks that shared the engine's batch end: the device's time per group is what it took since the
+        last mark over the groups it finished since (it generated throughout: commands were open all along),
+        observed as a chunk's worth of groups at that rate. Without it, a run whose chunks join one batch
+        would never time generation, and a policy that lends by cost estimates, started without a profile,
+        would never lend. A device's first such time is not observed: it holds the start (the first
+        prefills, the engine's first steps) and, as the groups of a batch end about together, the work of
+        groups still running at the mark that it does not count (a first run of the long-tail workload
+        read 4 s of warm-up from it, where the worker had warmed the engine at start-up)."""
+        since, groups = self.throughput.get(device, (0.0, 0))
+        if groups and device in self.timed_shared:
+            chunk = self.cluster.chunk_groups
+            self.measured.chunk((time.perf_counter() - since) / groups * chunk, chunk)
+        elif groups:
+            self.timed_shared.add(device)
+
+    def restart_throughput(self, device: int) -> None:
+        """A mark after each chunk's reply: the next throughput is timed from now, if the device is still
+        generating (the mark is set again when a command is next sent to it, if not)."""
+        self.open_on[device] -= 1
+        if self.open_on[device]:
+            self.throughput[device] = [time.perf_counter(), 0]
+        else:
+            self.throughput.pop(device, None)
+
+    def generation_sent(self, device: int) -> None:
+        self.chunks_open += 1
+        self.open_on[device] += 1
+        if device not in self.throughput:
+            self.throughput[device] = [time.perf_counter(), 0]
 
     def _groups_generated(self, reply: msg.GroupsGenerated) -> List[ev.Event]:
         """Groups of a chunk still generating finished (an engine that reports each group as it ends): done
         now, as the simulator's instances report them, so that a streamed step takes them at once."""
         return self.finished(reply.device, reply.chunk, by_group(reply.samples), reply.seconds)
+
+    def continuation_over(self, reply: msg.ChunkGenerated) -> List[ev.Event]:
+        """A continuation (``ContinueGroups``) is over: the groups of each chunk it continued are done on this
+        device, each chunk with its share of the seconds (by samples)."""
+        key = (reply.device, reply.chunk)
+        chunks = self.continued[key].popleft()
+        if not self.continued[key]:
+            del self.continued[key]
+        parts, events = self.by_chunk(chunks, reply.samples), []
+        for chunk in chunks:
+            events += self.finished(reply.device, chunk, by_group(parts[chunk]),
+                                    reply.seconds * len(parts[chunk]) / len(reply.samples))
+            self.reported.pop((reply.device, chunk), None)  # (what finished counted: this part is over)
+            self.reported_s.pop((reply.device, chunk), None)
+        return events
+
+    def by_chunk(self, chunks: Sequence[int], samples: Sequence[Any]) -> Dict[int, List[Any]]:
+        """``samples`` by the chunk of ``chunks`` whose groups hold theirs (``extra["group"]``)."""
+        parts: Dict[int, List[Any]] = {chunk: [] for chunk in chunks}
+        for sample in samples:
+            group = sample.extra["group"]
+            chunk = next(c for c in chunks if 0 <= group - self.cluster.chunks[c].first < self.cluster.chunks[c].groups)
+            parts[chunk].append(sample)
+        return parts
 
     def finished(self, device: int, chunk: int, samples: Dict[int, List[Any]], seconds: float) -> List[ev.Event]:
         """Groups ``device`` finished of ``chunk`` (``samples`` by prompt), ``seconds`` into it. Those beyond
@@ -317,6 +404,7 @@ class Controller:
             moved = sorted(samples)[-min(excess, groups):]
             if len(moved) == groups:
                 del self.asked[ask]
+                self.answered(ask, chunk, [])  # (the engine's answer to it will be empty)
             else:
                 self.asked[ask] = (device, chunk, target, groups - len(moved))
             events.append(self.groups_done(target, chunk, [s for i in moved for s in samples.pop(i)], 0.0))
@@ -326,6 +414,8 @@ class Controller:
             self.reported_s[key] = max(so_far, seconds)
             self.reported[key] += len(samples)
             kept = [s for i in sorted(samples) for s in samples[i]]
+            if device in self.throughput:
+                self.throughput[device][1] += len(samples)
             events.insert(0, self.groups_done(device, chunk, kept, max(0.0, seconds - so_far)))
         return events
 
@@ -345,7 +435,7 @@ class Controller:
             return None
         _, chunk, target, groups = self.asked.pop(reply.ask)
         assert len(by_group(reply.samples)) == groups, f"asked device {reply.device} for {groups} groups"
-        self.continue_on(target, chunk, reply.samples)
+        self.answered(reply.ask, chunk, reply.samples)
         self.report.handovers.append({"t": round(self.report.elapsed(), 4), "source": reply.device, "device": target,
                                       "chunk": chunk, "groups": groups,
                                       "unfinished": sum(1 for s in reply.samples
@@ -353,9 +443,23 @@ class Controller:
                                       "tokens_so_far": sum(len(s.completion_ids) for s in reply.samples)})
         return None
 
-    def continue_on(self, target: int, chunk: int, samples: List[Any]) -> None:
-        self.mailbox.send(target, msg.ContinueGroups(chunk, tuple(samples), self.data.params))
-        self.chunks_open += 1
+    def answered(self, ask: int, chunk: int, samples: List[Any]) -> None:
+        """An ask of a ``Move`` is answered (by the source, or settled from groups it reported done): once
+        all of them are, the target continues what was handed over."""
+        move = self.move_of.pop(ask)
+        move.waiting.discard(ask)
+        if samples:
+            move.samples.setdefault(chunk, []).extend(samples)
+        if not move.waiting and move.samples:
+            self.continue_on(move.target, move.samples)
+
+    def continue_on(self, target: int, parts: Dict[int, List[Any]]) -> None:
+        """One command for the target, however many chunks the samples come from (its reply is split)."""
+        chunks = tuple(sorted(parts))
+        self.continued.setdefault((target, chunks[0]), deque()).append(chunks)
+        samples = tuple(s for chunk in chunks for s in parts[chunk])
+        self.mailbox.send(target, msg.ContinueGroups(chunks[0], samples, self.data.params))
+        self.generation_sent(target)
 
     def _role_switched(self, reply: msg.RoleSwitched) -> ev.Event:
         if reply.home is Role.TRAIN:
@@ -560,7 +664,7 @@ class Controller:
         chunk = self.cluster.start_chunk(action)
         self.held[action.device][chunk.index] += chunk.groups
         self.mailbox.send(action.device, self.data.request(chunk))
-        self.chunks_open += 1
+        self.generation_sent(action.device)
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first
@@ -658,7 +762,7 @@ class Controller:
         of that version and hand them over; the target continues them (``_groups_handed_over``), or, if the
         source finished them first, they are done on the target from the source's ``ChunkGenerated``."""
         assert action.source != self.cluster.primary, "the primary has no side queue (it never hands groups over)"
-        left = action.groups
+        left, move = action.groups, Move(action.device, set())
         for chunk in sorted(self.held[action.source]):
             if left == 0 or self.cluster.chunks[chunk].version != action.version or not self.held[action.source][chunk]:
                 continue
@@ -671,6 +775,8 @@ class Controller:
             self.held[action.device][chunk] += groups
             self.split_chunks.add(chunk)
             self.asked[self.next_ask] = (action.source, chunk, action.device, groups)
+            self.move_of[self.next_ask] = move
+            move.waiting.add(self.next_ask)
             self.mailbox.send_weights(action.source, msg.HandOverGroups(chunk, groups, self.next_ask))
             self.next_ask += 1
         assert left == 0, f"device {action.source} holds fewer than {action.groups} groups of v{action.version}"

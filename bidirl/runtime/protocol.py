@@ -89,8 +89,10 @@ class HandOverGroups(Command):
 
 @dataclass(frozen=True)
 class ContinueGroups(Command):
-    """In-flight migration, to the target: continue these samples of ``chunk`` (tokens so far kept,
-    finished ones returned as they are), reward them, and answer ``ChunkGenerated``."""
+    """In-flight migration, to the target: continue these samples (tokens so far kept, finished ones
+    returned as they are) in one batch, reward them, and answer ``ChunkGenerated`` for ``chunk``. One
+    ``Migrate`` is one command, though its groups may come from several chunks of the source (chunks that
+    joined one batch there): ``chunk`` is the first, and the controller splits the answer by group."""
 
     handler = "continue_groups"
     chunk: int
