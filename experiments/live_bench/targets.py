@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -55,6 +57,16 @@ POLICIES = ("sync", "async", "bidirl", "bidirl-noprofile")
 # policies use no estimates.
 UNPROFILED = {"bidirl-noprofile": "bidirl"}
 TARGETS = {("default", "async"): 1.3, ("default", "sync"): 1.0, ("long-tail", "async"): 1.3, ("long-tail", "sync"): 1.15}
+
+
+def machine() -> dict:
+    """What ran the bench, kept with its rows: rates move with the machine (the runs of 2026-12-06 read
+    0.4-0.6x the rates of 2026-12-05's, with generation dearer against training, and no run had recorded
+    its CPU)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 platform.processor())
+    return {"cpu": model, "cores": os.cpu_count(), "avx512": "avx512f" in info, "amx": "amx_tile" in info}
 
 
 def answer_spread(run_dir: Path) -> tuple:
@@ -117,7 +129,7 @@ def one_workload(name: str, rounds: int, steps: int, eta: int, scratch: Path, ex
             "time_breakdown": {pool: {c: round(statistics.mean(s["time_breakdown"][pool][c] for s in runs), 3)
                                       for c in runs[0]["time_breakdown"][pool]}
                                for pool in runs[0]["time_breakdown"]},
-            "gantt": f"figures/targets-{name}-{p}.png"})
+            "gantt": f"figures/targets-{name}-{p}.png", "machine": machine()})
     return rows
 
 
