@@ -33,7 +33,7 @@ def controller_after_a_migrate(holds: int, *asked: int) -> Controller:
     c.held = {SOURCE: Counter({CHUNK: holds - sum(asked)}), TARGET: Counter({CHUNK: sum(asked)})}
     c.asked = {n: (SOURCE, CHUNK, TARGET, groups) for n, groups in enumerate(asked)}
     c.move_of = {n: Move(TARGET, {n}) for n in range(len(asked))}
-    c.reported, c.reported_s, c.data, c.throughput = Counter(), {}, Collected(), {}
+    c.reported, c.reported_s, c.data = Counter(), {}, Collected()
     return c
 
 
@@ -85,7 +85,7 @@ def controller_timing_chunks() -> Controller:
     c = controller_after_a_migrate(0)
     c.held = {SOURCE: Counter(), TARGET: Counter()}
     c.chunks_open, c.generated_on, c.split_chunks, c.measured, c.continued = 0, set(), set(), MeasuredEstimates(), {}
-    c.open_on, c.timed_shared = Counter({SOURCE: 1, TARGET: 1}), set()  # (one command open on each)
+    c.first_batch = set()
     return c
 
 
@@ -183,22 +183,35 @@ def test_an_ask_of_a_move_settled_from_groups_the_source_finished_leaves_the_res
     assert continuation.chunk == 1 and len(continuation.samples) == 4
 
 
-def test_chunks_that_share_the_engines_batch_are_timed_by_the_devices_throughput(monkeypatch):
-    import bidirl.runtime.controller as controller
-
-    clock = [100.0]
-    monkeypatch.setattr(controller.time, "perf_counter", lambda: clock[0])
+def test_a_move_whose_last_ask_is_settled_from_groups_reported_done_then_sends_what_was_handed_over():
     c = controller_with_two_joined_chunks_on_the_source()
-    c.cluster.chunk_groups, c.open_on = 2, Counter()
-    c.generation_sent(SOURCE)
-    c.generation_sent(SOURCE)  # (chunk 1 joins chunk 0's batch)
-    clock[0] = 103.0
+    c._migrate(ev.Migrate(SOURCE, TARGET, 4, 0))
+    c._groups_handed_over(msg.GroupsHandedOver(device=SOURCE, chunk=0, samples=unfinished(0, 0, 1), ask=0))
+    finished_before_the_ask = {i: [dataclasses.replace(s, finished=True) for s in unfinished(2, i)] for i in (0, 1)}
+    assert c.finished(SOURCE, 1, finished_before_the_ask, 2.0) == [ev.ChunkDone(TARGET, 1, 2)]
+    (device, continuation), = c.mailbox.commands[2:]  # (sent from inside finished: the move is answered)
+    assert device == TARGET and continuation.chunk == 0 and len(continuation.samples) == 4
+    assert c.move_of == {} and c.asked == {}
+
+
+def test_chunks_that_share_the_engines_batch_are_timed_as_one_batch_with_its_last_chunk():
+    c = controller_with_two_joined_chunks_on_the_source()
+    c.cluster.chunk_groups, c.chunks_open = 2, 2
+    c.generated_on.add(SOURCE)  # (not its first batch: that one is held as the warm-up)
     c._groups_generated(msg.GroupsGenerated(device=SOURCE, seconds=3.0, chunk=0, samples=unfinished(0, 0)))
-    clock[0] = 104.0
     shared = dict(version=0, shared=True)
     c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=4.0, chunk=0, samples=unfinished(0, 1), **shared))
-    assert c.measured.seen == set()  # the device's first time (the run's start) is not taken
-    clock[0] = 105.5
-    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=5.5, chunk=1, samples=unfinished(2, 0, 1), **shared))
-    assert c.measured.current().generate_group_s == 0.75 and c.measured.current().chunk_s == 1.5  # 2 groups in 1.5 s
-    assert c.throughput == {} and c.open_on[SOURCE] == 0 and c.chunks_open == 0  # (nothing open: no mark)
+    assert c.measured.seen == set()  # (chunk 1 still runs in the batch: no time is this chunk's own)
+    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=5.5, chunk=1, samples=unfinished(2, 0, 1),
+                                          batch_s=6.0, batch_groups=4, **shared))
+    assert c.measured.current().generate_group_s == 1.5 and c.measured.current().chunk_s == 3.0  # 4 groups in 6 s
+
+
+def test_a_shared_batch_holding_a_devices_first_chunk_is_timed_as_its_warm_up():
+    c = controller_with_two_joined_chunks_on_the_source()
+    c.cluster.chunk_groups, c.chunks_open = 2, 2
+    shared = dict(version=0, shared=True)
+    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=4.0, chunk=0, samples=unfinished(0, 0, 1), **shared))
+    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=5.0, chunk=1, samples=unfinished(2, 0, 1),
+                                          batch_s=5.0, batch_groups=4, **shared))
+    assert c.measured.first_chunks == [(2.5, 2)] and c.first_batch == set()

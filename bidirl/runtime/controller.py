@@ -37,8 +37,8 @@ Chunks that join a batch in flight (``launch.inflight_groups`` above ``launch.ch
 bookkeeping may start a chunk on a device still generating, as the simulator's instances batch
 continuously; its command goes to the device's queue as any other, and the worker's engine takes it
 into its running batch between two decode steps (or runs it next, if the batch ended first). Each chunk
-replies for itself when its last request ends; as no such chunk's seconds are its own, generation is
-then timed by the device's throughput (``time_shared``).
+replies for itself when its last request ends; as no such chunk's seconds are its own, the engine's
+batch is timed whole instead, with its last chunk (``time_shared``).
 
 Groups as they end: an engine that can tell (vLLM's continuous batching) reports each group the
 moment its last sample ends (``GroupsGenerated``), as the simulator's instances do, and the chunk's own
@@ -54,11 +54,11 @@ source on its *side* queue (``HandOverGroups``: its main thread is generating, i
 free), the source's engine stops that many groups between two decode steps and posts their samples so
 far (``GroupsHandedOver``), and the target continues them (``ContinueGroups``: the tokens and
 behaviour log-probs so far unchanged, the new ones with the target's version) and reports them done
-itself. One ``Migrate`` is one continuation, sent once every ask it made is answered: where chunks join a
-batch in flight, a source's tail of one version can span several chunks, which the bookkeeping counts as
-decoding together on the target, and so they do. Asks carry ids, so an answer always meets its own ask.
-An ask for a chunk the source has not started waits on the worker for it; one that arrives after the
-source finished those groups is
+itself. One ``Migrate`` is one continuation (none if the source finished every group first), sent once
+every ask it made is answered: where chunks join a batch in flight, a source's tail of one version can
+span several chunks, which the bookkeeping counts as decoding together on the target, and so they do.
+Asks carry ids, so an answer always meets its own ask. An ask for a chunk the source has not started
+waits on the worker for it; one that arrives after the source finished those groups is
 settled from the source's own ``ChunkGenerated``: the groups are reported done on the target at once,
 as the bookkeeping expects. A target is idle when the groups move (``LIVE.migrates_into_batch`` is
 False): a ``ContinueGroups`` would wait in a generating device's queue until its batch ended, not decode
@@ -161,12 +161,9 @@ class Controller:
         # after the worker's own at start-up. (The cluster's
         # ``warmed`` is what the policy sees, applied with the events; this is when a reply is timed.)
         self.generated_on: set = set()
-        # generation timed by throughput where chunks share an engine's batch (``ChunkGenerated.shared``: no
-        # chunk's seconds are its own): per device with generation commands open, since when and how many
-        # groups it has finished and kept since then (``time_shared``)
-        self.open_on: Counter = Counter()  # device -> generation commands sent, not yet replied to
-        self.throughput: Dict[int, List[float]] = {}  # device -> [since, groups finished]
-        self.timed_shared: set = set()  # devices timed once so (the first time is not observed: time_shared)
+        # devices whose engine batch in progress, shared by several chunks, holds their first chunk (its
+        # warm-up: ``time_shared``)
+        self.first_batch: set = set()
         self.trained_lengths = ResponseLengths()  # what the re-planner reads
         self.replanner: Replanner = NO_REPLANNING
         if cfg.cluster.replan_every:
@@ -313,51 +310,32 @@ class Controller:
             self.report.joined_chunks.append({"t": round(self.report.elapsed(), 4), "device": reply.device,
                                               "chunk": reply.chunk, "seconds": round(reply.seconds, 4)})
         if key in self.continued:  # (groups moved here, of one chunk or several: each chunk's are done)
-            events = self.continuation_over(reply)
-            self.restart_throughput(reply.device)  # (a continuation times nothing: its chunks are split)
-            return events
+            return self.continuation_over(reply)
         events = self.finished(reply.device, reply.chunk, by_group(reply.samples), reply.seconds)
         groups = self.reported.pop(key, 0)  # (every group this device finished of the chunk and kept)
         rest = reply.seconds - self.reported_s.pop(key, reply.seconds)
         if rest > 0:  # (every group it kept was reported before the chunk ended: the time since is the chunk's too)
             self.data.collect(reply.chunk, [], rest)
-        if reply.shared:  # (its seconds are not its own: the device's throughput is timed instead)
-            self.time_shared(reply.device)
+        if reply.shared:  # (its seconds are not its own: the engine's batch is timed whole instead)
+            self.time_shared(reply, first)
         elif groups and reply.chunk not in self.split_chunks:  # (a chunk split between devices times neither)
             self.measured.chunk(reply.seconds, groups, first)
-        self.restart_throughput(reply.device)
         return events
 
-    def time_shared(self, device: int) -> None:
-        """Chunks that shared the engine's batch end: the device's time per group is what it took since the
-        last mark over the groups it finished since (it generated throughout: commands were open all along),
-        observed as a chunk's worth of groups at that rate. Without it, a run whose chunks join one batch
-        would never time generation, and a policy that lends by cost estimates, started without a profile,
-        would never lend. A device's first such time is not observed: it holds the start (the first
-        prefills, the engine's first steps) and, as the groups of a batch end about together, the work of
-        groups still running at the mark that it does not count (a first run of the long-tail workload
-        read 4 s of warm-up from it, where the worker had warmed the engine at start-up)."""
-        since, groups = self.throughput.get(device, (0.0, 0))
-        if groups and device in self.timed_shared:
+    def time_shared(self, reply: msg.ChunkGenerated, first: bool) -> None:
+        """Chunks that shared the engine's batch: none's seconds are its own, so the batch is timed whole --
+        its seconds over the groups it finished and kept, as the worker reports them with its last chunk
+        (``batch_s``, ``batch_groups``) -- and observed as a chunk's worth of groups at that rate; a batch
+        that holds the device's first chunk as that chunk would be (the warm-up). Without it, a run whose
+        chunks join one batch would never time generation, and a policy that lends by cost estimates,
+        started without a profile, would never lend. (Groups handed over mid-way count none of the time
+        spent on them: moves come early, and the batch reads a little dear for it.)"""
+        if first:
+            self.first_batch.add(reply.device)
+        if reply.batch_groups:
             chunk = self.cluster.chunk_groups
-            self.measured.chunk((time.perf_counter() - since) / groups * chunk, chunk)
-        elif groups:
-            self.timed_shared.add(device)
-
-    def restart_throughput(self, device: int) -> None:
-        """A mark after each chunk's reply: the next throughput is timed from now, if the device is still
-        generating (the mark is set again when a command is next sent to it, if not)."""
-        self.open_on[device] -= 1
-        if self.open_on[device]:
-            self.throughput[device] = [time.perf_counter(), 0]
-        else:
-            self.throughput.pop(device, None)
-
-    def generation_sent(self, device: int) -> None:
-        self.chunks_open += 1
-        self.open_on[device] += 1
-        if device not in self.throughput:
-            self.throughput[device] = [time.perf_counter(), 0]
+            self.measured.chunk(reply.batch_s / reply.batch_groups * chunk, chunk, reply.device in self.first_batch)
+            self.first_batch.discard(reply.device)
 
     def _groups_generated(self, reply: msg.GroupsGenerated) -> List[ev.Event]:
         """Groups of a chunk still generating finished (an engine that reports each group as it ends): done
@@ -414,8 +392,6 @@ class Controller:
             self.reported_s[key] = max(so_far, seconds)
             self.reported[key] += len(samples)
             kept = [s for i in sorted(samples) for s in samples[i]]
-            if device in self.throughput:
-                self.throughput[device][1] += len(samples)
             events.insert(0, self.groups_done(device, chunk, kept, max(0.0, seconds - so_far)))
         return events
 
@@ -445,7 +421,9 @@ class Controller:
 
     def answered(self, ask: int, chunk: int, samples: List[Any]) -> None:
         """An ask of a ``Move`` is answered (by the source, or settled from groups it reported done): once
-        all of them are, the target continues what was handed over."""
+        all of them are, the target continues what was handed over. Groups handed over wait meanwhile for
+        the move's other asks: about a decode step where the source's chunks share its batch, but an ask for
+        a chunk still queued behind another command waits for that chunk to start."""
         move = self.move_of.pop(ask)
         move.waiting.discard(ask)
         if samples:
@@ -459,7 +437,7 @@ class Controller:
         self.continued.setdefault((target, chunks[0]), deque()).append(chunks)
         samples = tuple(s for chunk in chunks for s in parts[chunk])
         self.mailbox.send(target, msg.ContinueGroups(chunks[0], samples, self.data.params))
-        self.generation_sent(target)
+        self.chunks_open += 1
 
     def _role_switched(self, reply: msg.RoleSwitched) -> ev.Event:
         if reply.home is Role.TRAIN:
@@ -664,7 +642,7 @@ class Controller:
         chunk = self.cluster.start_chunk(action)
         self.held[action.device][chunk.index] += chunk.groups
         self.mailbox.send(action.device, self.data.request(chunk))
-        self.generation_sent(action.device)
+        self.chunks_open += 1
 
     def _train(self, action: ev.Train) -> None:
         k = self.cluster.version  # the cluster composed the batch: B groups, oldest version first

@@ -223,6 +223,10 @@ class ChunkGenerated(Reply):
     version: int
     joined: bool = False  # it joined the engine's batch while another chunk generated there (Plan.joins)
     shared: bool = False  # it shared decode steps with another chunk: its seconds are not its own cost
+    # the last chunk of an engine batch that chunks shared: the batch's seconds, from its start to this
+    # chunk's end, and the groups it finished and kept (not those handed over): the batch is timed whole
+    batch_s: float = 0.0
+    batch_groups: int = 0
 
 
 @dataclass

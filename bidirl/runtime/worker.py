@@ -102,6 +102,7 @@ class Worker:
         self.started_chunk = -1  # the last chunk started here
         self.early_asks: Dict[int, List[msg.HandOverGroups]] = {}  # chunk not started yet -> asks for it
         self.joins = plan.joins  # chunks join the engine's batch in flight (continuous batching)
+        self.batch: Dict[str, Any] = {"started": 0.0, "running": set(), "groups": 0}  # (generate)
         if device == self.primary and not plan.resume_from:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -154,6 +155,9 @@ class Worker:
         another kind at the head of the queue waits, and so do the chunks behind it). Each chunk's reply is
         posted when its last request ends (its ``over``), not when the engine stops."""
         first = [command]
+        # the engine's batch, for chunks that share it (``ChunkGenerated.batch_s``): when it started, its
+        # chunks still running, and the groups it has finished and kept
+        self.batch = {"started": time.perf_counter(), "running": set(), "groups": 0}
 
         def joins() -> Optional[Generation]:  # (polled by the engine between decode steps)
             if first:
@@ -185,19 +189,28 @@ class Worker:
             self.mailbox.post(msg.GroupsHandedOver(device=self.device, chunk=command.chunk, samples=label(samples),
                                                    ask=ask))
 
-        started = time.perf_counter()
+        started, batch = time.perf_counter(), self.batch
+        batch["running"].add(command.chunk)
 
         def group_done(samples: List[Sample]) -> None:  # (from inside the engine: a group's last sample ended)
+            batch["groups"] += len({s.prompt_index for s in samples})
             self.mailbox.post(msg.GroupsGenerated(device=self.device, seconds=time.perf_counter() - started,
                                                   chunk=command.chunk, samples=self.rewarded(label(samples))))
 
         def over(samples: List[Sample]) -> None:  # (from inside the engine: its last request ended)
             with self.handover_lock:
                 self.handovers.pop(command.chunk, None)
-            self.mailbox.post(msg.ChunkGenerated(device=self.device, seconds=time.perf_counter() - started,
+            now = time.perf_counter()
+            batch["running"].discard(command.chunk)
+            batch["groups"] += len({s.prompt_index for s in samples})
+            # the last chunk of a batch that chunks shared times the batch whole (the engine stops after it)
+            last_shared = generation.shared and not batch["running"]
+            self.mailbox.post(msg.ChunkGenerated(device=self.device, seconds=now - started,
                                                  chunk=command.chunk, samples=self.rewarded(label(samples)),
                                                  version=self.rollout.version, joined=generation.joined,
-                                                 shared=generation.shared))
+                                                 shared=generation.shared,
+                                                 batch_s=now - batch["started"] if last_shared else 0.0,
+                                                 batch_groups=batch["groups"] if last_shared else 0))
 
         handover = HandOver(hand_over) if self.migrates else None
         with self.handover_lock:
