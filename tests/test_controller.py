@@ -215,3 +215,12 @@ def test_a_shared_batch_holding_a_devices_first_chunk_is_timed_as_its_warm_up():
     c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=5.0, chunk=1, samples=unfinished(2, 0, 1),
                                           batch_s=5.0, batch_groups=4, **shared))
     assert c.measured.first_chunks == [(2.5, 2)] and c.first_batch == set()
+
+
+def test_a_shared_batch_whose_groups_all_went_elsewhere_times_nothing_and_the_next_is_not_a_warm_up():
+    c = controller_with_two_joined_chunks_on_the_source()
+    c.cluster.chunk_groups, c.chunks_open = 2, 1
+    c.held = {SOURCE: Counter({0: 2}), TARGET: Counter()}
+    c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=1.0, chunk=0, samples=[], version=0, shared=True,
+                                          batch_s=1.0, batch_groups=0))  # (its device's first batch)
+    assert c.measured.seen == set() and c.measured.first_chunks == [] and c.first_batch == set()

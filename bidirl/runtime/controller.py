@@ -332,10 +332,12 @@ class Controller:
         spent on them: moves come early, and the batch reads a little dear for it.)"""
         if first:
             self.first_batch.add(reply.device)
-        if reply.batch_groups:
+        if not reply.batch_s:
+            return  # (the batch runs on)
+        if reply.batch_groups:  # (none, if every group of it was handed over)
             chunk = self.cluster.chunk_groups
             self.measured.chunk(reply.batch_s / reply.batch_groups * chunk, chunk, reply.device in self.first_batch)
-            self.first_batch.discard(reply.device)
+        self.first_batch.discard(reply.device)
 
     def _groups_generated(self, reply: msg.GroupsGenerated) -> List[ev.Event]:
         """Groups of a chunk still generating finished (an engine that reports each group as it ends): done
