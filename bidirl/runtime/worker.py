@@ -102,7 +102,6 @@ class Worker:
         self.started_chunk = -1  # the last chunk started here
         self.early_asks: Dict[int, List[msg.HandOverGroups]] = {}  # chunk not started yet -> asks for it
         self.joins = plan.joins  # chunks join the engine's batch in flight (continuous batching)
-        self.batch: Dict[str, Any] = {"started": 0.0, "running": set(), "groups": 0}  # (generate)
         if device == self.primary and not plan.resume_from:
             self.save_snapshot(0)  # the starting point of the learning curve
         self.side_mailbox = receiver_mailbox  # own store connection for the sender/receiver thread
@@ -157,16 +156,16 @@ class Worker:
         first = [command]
         # the engine's batch, for chunks that share it (``ChunkGenerated.batch_s``): when it started, its
         # chunks still running, and the groups it has finished and kept
-        self.batch = {"started": time.perf_counter(), "running": set(), "groups": 0}
+        batch: Dict[str, Any] = {"started": time.perf_counter(), "running": set(), "groups": 0}
 
         def joins() -> Optional[Generation]:  # (polled by the engine between decode steps)
             if first:
-                return self.generation(first.pop())
+                return self.generation(first.pop(), batch)
             joining = self.mailbox.peek_command(self.device) if self.joins else None
             if not isinstance(joining, msg.GenerateChunk):  # (anything else waits for the engine to stop)
                 return None
             self.mailbox.next_command(self.device)
-            return self.generation(joining)
+            return self.generation(joining, batch)
 
         try:
             with self.doing(S.GENERATING, f"chunk {command.chunk}"):
@@ -176,9 +175,10 @@ class Worker:
                 self.handovers.clear()
         return None
 
-    def generation(self, command: msg.GenerateChunk) -> Generation:
+    def generation(self, command: msg.GenerateChunk, batch: Dict[str, Any]) -> Generation:
         """A chunk command as the engine runs it: its groups labelled and rewarded, each reported as it ends
-        (``GroupsGenerated``) or is handed over (``GroupsHandedOver``), the rest in its ``ChunkGenerated``."""
+        (``GroupsGenerated``) or is handed over (``GroupsHandedOver``), the rest in its ``ChunkGenerated``;
+        ``batch``: the engine batch it joins (``generate``), timed whole by the last chunk to end in it."""
         def label(samples: List[Sample]) -> List[Sample]:
             for sample in samples:
                 sample.extra["group"] = command.first_group + sample.prompt_index
@@ -189,7 +189,7 @@ class Worker:
             self.mailbox.post(msg.GroupsHandedOver(device=self.device, chunk=command.chunk, samples=label(samples),
                                                    ask=ask))
 
-        started, batch = time.perf_counter(), self.batch
+        started = time.perf_counter()
         batch["running"].add(command.chunk)
 
         def group_done(samples: List[Sample]) -> None:  # (from inside the engine: a group's last sample ended)
