@@ -368,8 +368,8 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
         with wandb_group(run.path.name):
             for stage in stages:
                 STAGES[stage](state["cfg"], run, state)
-    except BaseException:
-        run.finish({**state["summary"], "status": "failed"})
+    except BaseException as failure:
+        run.finish_after(failure, state["summary"])
         raise
     run.finish({**state["summary"], "status": "ok"})
     say(f"report: {write_report(run.path)} (and report.html)")

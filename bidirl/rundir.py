@@ -128,6 +128,19 @@ class RunDir:
             self._wandb.summary.update({k: v for k, v in _flat(summary).items() if isinstance(v, (int, float, str))})
         self.close()
 
+    def finish_after(self, failure: BaseException, summary: Optional[Dict[str, Any]] = None) -> None:
+        """Closes a run that ``failure`` ended: status ``interrupted`` for Ctrl-C, ``failed`` with the error's
+        line otherwise. A full disk must not hide ``failure``, which the caller raises next: that write
+        is given up."""
+        interrupted = isinstance(failure, KeyboardInterrupt)
+        ended: Dict[str, Any] = {"status": "interrupted" if interrupted else "failed"}
+        if not interrupted:
+            ended["error"] = f"{type(failure).__name__}: {failure}".splitlines()[0][:300]
+        try:
+            self.finish({**(summary or {}), **ended})
+        except OSError:
+            self.close()
+
     def close(self) -> None:
         self._metrics.close()
         if self._wandb is not None:

@@ -316,8 +316,8 @@ def compare(
         try:
             with wandb_group(run.path.name):
                 rows = run_compare(cfg, str(path), extra, names, run.path, log_table=run.table)
-        except BaseException:
-            run.finish({"status": "failed"})
+        except BaseException as failure:
+            run.finish_after(failure)
             raise
         run.finish({"status": "ok", "stages": ["compare"], "compare": [r.name for r in rows]})
         from bidirl.report import write_report

@@ -294,3 +294,20 @@ def test_a_nan_or_infinite_figure_is_written_as_json_null_so_strict_readers_can_
     assert row["grad_norm"] is None and row["loss"] is None and row["reward_mean"] == 0.5
     summary = json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert summary["train"] == {"accuracy_end": None, "curve": [[0, None]]}
+
+
+def test_a_run_ended_by_ctrl_c_reads_interrupted_and_one_ended_by_an_error_reads_failed_with_its_line(tmp_path):
+    from bidirl.report import write_report
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    def ended(name: str, failure: BaseException) -> dict:
+        RunDir(small_config(), path=tmp_path / name).finish_after(failure, {"stages": ["plan"]})
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    interrupted = ended("stopped", KeyboardInterrupt())
+    assert interrupted["status"] == "interrupted" and "error" not in interrupted
+    assert interrupted["stages"] == ["plan"]  # what the run had reached stays
+    failed = ended("broken", RuntimeError("the primary trainer died\n(traceback below)"))
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: the primary trainer died"
+    assert "Status **interrupted**" in write_report(tmp_path / "stopped").read_text()

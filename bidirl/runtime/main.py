@@ -97,11 +97,8 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, 
                              prior=prior_from_environment(), choose=choose, resume=resume, restart=restart,
                              stop_restarts=stop_restarts).run_all()
     except BaseException as failure:
-        try:
-            run.finish({"status": "failed"})
-        except OSError:  # (a full disk: the failure being raised is what the user needs to read)
-            pass
-        raise failure
+        run.finish_after(failure)
+        raise
     run.finish(summary)
     return 0
 
