@@ -32,6 +32,8 @@ def test_one_live_run_lends_both_ways_joins_a_step_and_migrates_requests_with_st
     trace = [json.loads(line) for line in (root / "trace.jsonl").read_text().splitlines()]
     assert summary["leases"]["train->rollout"]["leases"] > 0 and summary["leases"]["rollout->train"]["leases"] > 0
     assert any(r["reason"].startswith("joins batch") and r["home"] == "rollout" for r in trace)
+    # in a step of two devices one runs out of micro-batches first and waits for the other: idle, not busy
+    assert sum(summary["step_wait_s"].values()) > 0
     assert summary["migrations"] and any(h["unfinished"] > 0 for h in summary["handovers"])
     batch = load_config("pipelines/cpu-long.yaml").train.prompts_per_step
     assert set(summary["staleness_histogram"]) <= {"0", "1"}  # the bound held

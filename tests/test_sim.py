@@ -13,6 +13,7 @@ from bidirl.config import load_config
 from bidirl.sched.policy import policy_names
 from bidirl.sim.instance import Instance
 from bidirl.sched.assembly import LIVE
+from bidirl.sched.trace import time_breakdown
 from bidirl.sim.run import best_static_split, simulate
 
 SMALL_CLUSTER = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
@@ -488,6 +489,27 @@ def test_a_pulled_step_gives_a_joiner_only_micro_batches_nobody_has_started():
     late = PulledStep(item_s=1.0, items=4, devices=1, now=0.0)
     late.join(3.5)  # everything has started: joining saves nothing
     assert late.finish() == 4.0
+
+
+def test_a_device_with_no_micro_batch_left_waits_for_the_others_last_one_and_that_wait_is_counted():
+    from bidirl.sim.simulator import PulledStep
+
+    step = PulledStep(item_s=1.0, items=4, devices=1, now=0.0)
+    step.join(0.5)  # 0-1, 0.5-1.5, 1-2, 1.5-2.5: the first device is out of work from 2 to 2.5
+    assert step.end_waits() == {0: pytest.approx(0.5)}
+    step.join(3.0)  # a device that arrives after the work ended waited for nothing
+    assert step.end_waits() == {0: pytest.approx(0.5)}
+
+
+def test_a_device_out_of_micro_batches_while_another_finishes_the_step_is_idle_time_of_its_pool_not_busy():
+    cfg = small("cluster.devices=2", "train.prompts_per_step=16", "rollout.group_size=4", "launch.chunk_groups=4",
+                "algorithm.staleness=0", "train.micro_batch_size=8")
+    result = simulate(cfg, "bidirl-nostream", rollout_devices=1, driver=LIVE, keep_trace=True)  # joins after the batch
+    assert any(r["reason"].startswith("joins") for r in result.cluster.trace)
+    traced = time_breakdown(result.cluster.trace, result.makespan_s, result.cluster.homes_at_start())
+    # here the joiner (home: rollout) ends first and waits for the trainer's last micro-batch
+    moved = result.time_breakdown["rollout"]["tail"] - traced["rollout"]["tail"]
+    assert moved > 0 and traced["rollout"]["busy"] - result.time_breakdown["rollout"]["busy"] == pytest.approx(moved)
 
 
 def test_the_live_prediction_joins_in_whole_micro_batches_and_coarser_ones_share_less():

@@ -133,6 +133,9 @@ class StepInProgress:
     computed: Dict[int, List[msg.ComputeGrads]] = field(default_factory=dict)  # device -> items it has computed
     waiting: Dict[int, float] = field(default_factory=dict)  # device -> since when it has had nothing to pull
     waited_s: float = 0.0  # device-seconds spent so (streamed steps: groups still generating)
+    # device -> since when it has had nothing left to compute while the step goes on: another device's last
+    # micro-batches, or a home trainer back from a lease (counted per home pool when that ends)
+    idle_since: Dict[int, float] = field(default_factory=dict)
     # where a step's wall time goes besides gradient work: each micro-batch's round trip to its device
     # (sent -> GradsComputed, less its compute), and the finish (FinishStep sent -> last StepDone)
     round_trip_s: float = 0.0
@@ -496,6 +499,7 @@ class Controller:
         step.left.extendleft(reversed([*step.computed.pop(device, []), item]))
         step.computing.discard(device)
         step.waiting.pop(device, None)
+        step.idle_since.pop(device, None)  # (it left the step: what it waited is not the step's)
         step.members.remove(device)
         say(f"device {device}'s lease expired in batch {step.batch_step()} (no answer in {self.lease_timeout_s():.1f} s): "
             "its gradients are discarded and its micro-batches recomputed")
@@ -686,6 +690,7 @@ class Controller:
         streamed step with nothing to pull waits for the next group to finish (``feed_stream``)."""
         step = self.step
         if step.left:
+            self.stop_waiting(step, device)
             item = step.left.popleft()
             self.mailbox.send(device, item)
             step.current[device] = (item, time.perf_counter())
@@ -694,10 +699,21 @@ class Controller:
                 self.cluster.close_step()  # nothing left to share: a device joining now would only wait
         elif not step.computing and not step.finishing and step.stream is None and not self.cluster.trainers_away:
             self.cluster.close_step()  # (a home trainer away on a lease joins first: it steps its replica too)
+            for waiter in list(step.idle_since):
+                self.stop_waiting(step, waiter)
             step.finishing = True
             self.exclusive("train", lambda: self.finish(step))
         elif step.stream is not None and device not in step.computing:
             step.waiting.setdefault(device, time.perf_counter())  # until the next group of the batch finishes
+        elif device not in step.computing and not step.finishing:
+            step.idle_since.setdefault(device, time.perf_counter())  # until the step's work is over
+
+    def stop_waiting(self, step: StepInProgress, device: int) -> None:
+        """``device`` has work again, or the step it waited on is over: its wait counts for its home pool."""
+        since = step.idle_since.pop(device, None)
+        if since is not None:
+            pool = self.cluster.devices[device].home.value
+            self.report.step_wait_s[pool] = self.report.step_wait_s.get(pool, 0.0) + time.perf_counter() - since
 
     def finish(self, step: "StepInProgress") -> None:
         """Every device of the step sums its gradients (lent devices give theirs to the primary)."""

@@ -18,7 +18,7 @@ from bidirl.config import PipelineConfig
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import (charge_stream_wait, median, pool_idle_ratio, steady_step_s, switch_overheads,
+from bidirl.sched.trace import (charge_waits, median, pool_idle_ratio, steady_step_s, switch_overheads,
                                 time_breakdown)
 from bidirl.ui import say
 
@@ -36,6 +36,8 @@ class RunReport:
         self.consumed_tokens = 0
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
+        # device-seconds, per home pool, a step's devices had nothing left to compute while it was not over
+        self.step_wait_s: Dict[str, float] = {}
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.joined_chunks: List[Dict[str, Any]] = []  # chunks that joined a device's batch in flight
@@ -143,13 +145,16 @@ class RunReport:
         at_start = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
         idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start),
                            time_breakdown(cluster.trace, cluster.now, at_start))
-        charge_stream_wait(idle, breakdown, self.stream_wait_s, cluster.now, sum(h == "train" for h in homes.values()))
+        waits = {**self.step_wait_s, "train": self.stream_wait_s + self.step_wait_s.get("train", 0.0)}
+        charge_waits(idle, breakdown, waits, cluster.now,
+                     {pool: sum(h == pool for h in homes.values()) for pool in ("train", "rollout")})
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),
             "eta": cluster.eta, "steps": cluster.version, "rl_seconds": round(rl_seconds, 2),
             "samples_per_s": round(self.consumed_samples / rl_seconds, 2),
             "tokens_per_s": round(self.consumed_tokens / rl_seconds, 2),
             "idle_ratio": idle, "time_breakdown": breakdown, "stream_wait_s": round(self.stream_wait_s, 3),
+            "step_wait_s": {pool: round(seconds, 3) for pool, seconds in sorted(self.step_wait_s.items())},
             "expired_leases": [{"t": round(t, 3), "device": d, "batch": k} for t, d, k in cluster.expired_leases],
             "discarded_grads": self.discarded_grads,
             "migrations": [{"t": round(t, 3), "source": a, "device": b, "groups": n, "version": v}

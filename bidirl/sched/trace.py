@@ -9,7 +9,8 @@ changes, an ``idle -> idle`` record says so.
 Where a pool's device-time goes (:func:`time_breakdown`), the same categories in both drivers:
 
 * ``busy``       generating or training (useful work);
-* ``tail``       idle, waiting for work elsewhere to finish (a batch's last sequences, the run's end);
+* ``tail``       idle, waiting for work elsewhere to finish (a batch's last sequences, the run's end), and a
+                 train step's device that computes nothing while the step goes on (``charge_waits``);
 * ``admission``  idle, blocked by the staleness bound;
 * ``switching``  changing role; ``draining``: finishing work before a switch;
 * ``syncing``    loading new weights;
@@ -138,14 +139,16 @@ def steady_step_s(version_times: Sequence[float], warmup: int = 3, updates_per_s
     return (version_times[-1] - version_times[first]) / (steps - first)
 
 
-def charge_stream_wait(idle_ratio: Dict[str, float], breakdown: Dict[str, Dict[str, float]], wait_s: float,
-                       end: float, train_devices: int) -> None:
-    """A streamed step's devices that wait for its groups still generating hold the TRAINING state but
-    train nothing: both drivers move that wait (device-seconds) from the train pool's busy time to its
-    tail idle time, in place."""
-    if not wait_s or "train" not in breakdown:
-        return
-    share = wait_s / (end * train_devices)
-    idle_ratio["train"] = round(idle_ratio.get("train", 0.0) + share, 4)
-    breakdown["train"]["busy"] = round(breakdown["train"]["busy"] - share, 4)
-    breakdown["train"][TAIL] = round(breakdown["train"][TAIL] + share, 4)
+def charge_waits(idle_ratio: Dict[str, float], breakdown: Dict[str, Dict[str, float]], waits: Dict[str, float],
+                 end: float, pool_devices: Dict[str, int]) -> None:
+    """A train step's devices hold the TRAINING state while they compute nothing: waiting for groups still
+    generating (a streamed step), for the step's last micro-batches on another device, or for a home
+    trainer back from a lease. Both drivers move that wait (device-seconds, per home pool in ``waits``) from
+    the pool's busy time to its tail idle time, in place."""
+    for pool, wait_s in waits.items():
+        if not wait_s or pool not in breakdown or not pool_devices.get(pool):
+            continue
+        share = wait_s / (end * pool_devices[pool])
+        idle_ratio[pool] = round(idle_ratio.get(pool, 0.0) + share, 4)
+        breakdown[pool]["busy"] = round(breakdown[pool]["busy"] - share, 4)
+        breakdown[pool][TAIL] = round(breakdown[pool][TAIL] + share, 4)

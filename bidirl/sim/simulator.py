@@ -176,6 +176,12 @@ class PulledStep:
         mine = [(start, seconds) for start, s, _, seconds in self.starts if s == slot]
         return min(mine) if mine else None
 
+    def end_waits(self) -> Dict[int, float]:
+        """Per slot still in the step, the seconds it had nothing left to compute before the step's work
+        ended: the others' last micro-batches (a slot that joined after the end waited for nothing)."""
+        end = self.finish()
+        return {slot: end - t for slot, t in enumerate(self._free(self.starts)) if slot not in self.dead and t < end}
+
     def _replan(self, now: float, kept, requeued: List[float], epoch: int) -> None:
         waiting = [work for start, _, work, _ in self.starts if start >= now]  # not started: pulled anew
         for start, slot, work, seconds in self.starts:
@@ -270,6 +276,9 @@ class Simulator:
         self.dirty: set = set()
         self.step: Any = None  # StepProgress, or PulledStep when devices pull micro-batches
         self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for their groups
+        # device-seconds, per home pool, a pulled step's devices had nothing left to compute while it was not
+        # over: another device's last micro-batches, or a home trainer back from a lease
+        self.step_wait_s: Dict[str, float] = {}
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
@@ -316,6 +325,10 @@ class Simulator:
             elif isinstance(event, StepTick):
                 if self.step is not None and event.epoch == self.step.epoch and not self.cluster.trainers_away:
                     self.stream_wait_s += self.step.waited
+                    if self.pull_samples:
+                        device_at = {slot: device for device, slot in self.slots.items()}
+                        for slot, seconds in self.step.end_waits().items():
+                            self.count_step_wait(device_at[slot], seconds)
                     self.step = None
                     self.beside_training(now, ())
                     self.handle(ev.TrainDone(self.cluster.version + 1), now)
@@ -462,7 +475,9 @@ class Simulator:
         if self.pull_samples:
             ran_out = max(self.step.finish() if not self.cluster.streaming else now, self.rejoin_counted)
             if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
-                self.stream_wait_s += (now - ran_out) * (len(self.cluster.training_devices) - 1)
+                for device in self.cluster.training_devices:
+                    if device != action.device:
+                        self.count_step_wait(device, now - ran_out)
                 self.rejoin_counted = now
             self.slots[action.device] = self.step.devices
             self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device) + warmup)
@@ -472,6 +487,10 @@ class Simulator:
                 self.step.add(now, warmup, self.step.epoch)
         self.retime_step()
         self.beside_training(now, self.cluster.training_devices)
+
+    def count_step_wait(self, device: int, seconds: float) -> None:
+        pool = self.cluster.devices[device].home.value
+        self.step_wait_s[pool] = self.step_wait_s.get(pool, 0.0) + seconds
 
     def beside_training(self, now: float, training) -> None:
         """From now on ``training`` devices train (none: no step runs)."""
