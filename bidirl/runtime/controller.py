@@ -192,7 +192,7 @@ class Controller:
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
                                               migrates=self.cluster.allows_migration and self.policy.migrates
                                               and devices > 1,
-                                              joins=self.cluster.inflight_groups > self.cluster.chunk_groups
+                                              joins=self.cluster.joins_running_batch
                                               and devices > 1,  # (one device runs its commands in turn: local.py)
                                               resume_from=str(resume.path) if resume else "",
                                               resume_version=resume.version if resume else 0))

@@ -135,6 +135,8 @@ class Cluster:
         # groups one rollout device may hold in flight: one chunk in the live runtime, a KV cache's worth
         # of continuous batching in the simulator
         self.inflight_groups = inflight_groups or chunk_groups
+        # may a chunk start on a device still generating, joining its running batch?
+        self.joins_running_batch = self.inflight_groups > chunk_groups
         self.interruptible = interruptible
         # can the driver add a device to a train step in progress (``Join``)? Both can: the simulator
         # splits the work left, the live workers pull micro-batches. ``accepting_joins``: the step in
@@ -289,7 +291,7 @@ class Cluster:
 
     def has_room(self, device: Device, groups: int) -> bool:
         """May ``device`` take ``groups`` more groups now (serving rollout, nothing queued, capacity left)?"""
-        working = device.state is S.IDLE or (device.state is S.GENERATING and self.inflight_groups > self.chunk_groups
+        working = device.state is S.IDLE or (device.state is S.GENERATING and self.joins_running_batch
                                              and device.index not in self.continuing)
         return (working and self._open_to_rollout(device)
                 and self.inflight[device.index] + groups <= self.inflight_groups)
