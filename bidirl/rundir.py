@@ -12,6 +12,7 @@ Layout::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -135,11 +136,13 @@ class RunDir:
         interrupted = isinstance(failure, KeyboardInterrupt)
         ended: Dict[str, Any] = {"status": "interrupted" if interrupted else "failed"}
         if not interrupted:
-            ended["error"] = f"{type(failure).__name__}: {failure}".splitlines()[0][:300]
+            line = next((line.strip() for line in str(failure).splitlines() if line.strip()), "")
+            ended["error"] = f"{type(failure).__name__}: {line}"[:300] if line else type(failure).__name__
         try:
             self.finish({**(summary or {}), **ended})
         except OSError:
-            self.close()
+            with contextlib.suppress(OSError):  # (closing flushes the metrics to the same full disk)
+                self.close()
 
     def close(self) -> None:
         self._metrics.close()

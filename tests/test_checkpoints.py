@@ -311,3 +311,17 @@ def test_a_run_ended_by_ctrl_c_reads_interrupted_and_one_ended_by_an_error_reads
     failed = ended("broken", RuntimeError("the primary trainer died\n(traceback below)"))
     assert failed["status"] == "failed" and failed["error"] == "RuntimeError: the primary trainer died"
     assert "Status **interrupted**" in write_report(tmp_path / "stopped").read_text()
+
+
+def test_a_full_disk_while_closing_a_failed_run_does_not_hide_why_it_failed(tmp_path, monkeypatch):
+    import bidirl.rundir as rundir
+    from tests.builders import small_config
+
+    run = rundir.RunDir(small_config(), path=tmp_path / "run")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rundir, "_write_atomic", full_disk)
+    run.finish_after(RuntimeError("the primary trainer died"))  # returns: the caller raises its failure next
+    assert run._metrics.closed

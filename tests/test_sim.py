@@ -495,10 +495,25 @@ def test_a_device_with_no_micro_batch_left_waits_for_the_others_last_one_and_tha
     from bidirl.sim.simulator import PulledStep
 
     step = PulledStep(item_s=1.0, items=4, devices=1, now=0.0)
-    step.join(0.5)  # 0-1, 0.5-1.5, 1-2, 1.5-2.5: the first device is out of work from 2 to 2.5
+    assert step.join(0.5) == {}  # 0-1, 0.5-1.5, 1-2, 1.5-2.5: the first device is out of work from 2 to 2.5
     assert step.end_waits() == {0: pytest.approx(0.5)}
-    step.join(3.0)  # a device that arrives after the work ended waited for nothing
-    assert step.end_waits() == {0: pytest.approx(0.5)}
+    assert step.join(3.0) == {0: pytest.approx(0.5), 1: pytest.approx(0.5)}  # a home trainer back at 3: both waited
+    assert step.end_waits() == {}  # (each stretch once)
+
+
+def test_each_stretch_a_pulled_steps_device_waits_is_counted_once_however_it_ends():
+    from bidirl.sim.simulator import PulledStep
+
+    streamed = PulledStep(item_s=1.0, items=0, devices=2, now=0.0)
+    streamed.add(0.0, [1.0])  # one slot computes 0-1, the other has nothing
+    streamed.add(2.0, [1.0])  # the next group's work at 2: both were out of work since 0 and 1
+    assert streamed.end_waits() == {1: pytest.approx(1.0)}  # 2-3 on slot 0; slot 1 out of work 2-3
+    assert streamed.waited == pytest.approx(2.0 + 1.0 + 1.0)
+    expiring = PulledStep(item_s=1.0, items=0, devices=2, now=0.0)
+    expiring.stalls[1] = 5.0  # slot 1 hangs in its micro-batch: 0-6
+    expiring.add(0.0, [1.0, 1.0])  # slot 0 computes 0-1, then has nothing
+    assert expiring.expire(3.0, 1) == {0: pytest.approx(2.0)}  # slot 1's lease expires at 3: slot 0 waited 1-3
+    assert expiring.end_waits() == {} and expiring.finish() == pytest.approx(4.0)  # then computes it again, 3-4
 
 
 def test_a_device_out_of_micro_batches_while_another_finishes_the_step_is_idle_time_of_its_pool_not_busy():

@@ -499,7 +499,6 @@ class Controller:
         step.left.extendleft(reversed([*step.computed.pop(device, []), item]))
         step.computing.discard(device)
         step.waiting.pop(device, None)
-        step.idle_since.pop(device, None)  # (it left the step: what it waited is not the step's)
         step.members.remove(device)
         say(f"device {device}'s lease expired in batch {step.batch_step()} (no answer in {self.lease_timeout_s():.1f} s): "
             "its gradients are discarded and its micro-batches recomputed")
@@ -674,7 +673,9 @@ class Controller:
         step.fed += len(parts)
         step.left.extend(step.stream.add(parts))
         now = time.perf_counter()
-        step.waited_s += sum(now - since for since in step.waiting.values())
+        for device, since in step.waiting.items():
+            step.waited_s += now - since
+            self.count_wait(device, now - since)
         step.waiting.clear()
         if not self.cluster.streaming:
             step.batch, step.stream = step.stream.close(), None
@@ -709,11 +710,15 @@ class Controller:
             step.idle_since.setdefault(device, time.perf_counter())  # until the step's work is over
 
     def stop_waiting(self, step: StepInProgress, device: int) -> None:
-        """``device`` has work again, or the step it waited on is over: its wait counts for its home pool."""
+        """``device`` has work again, or the step it waited on is over: its wait is counted."""
         since = step.idle_since.pop(device, None)
         if since is not None:
-            pool = self.cluster.devices[device].home.value
-            self.report.step_wait_s[pool] = self.report.step_wait_s.get(pool, 0.0) + time.perf_counter() - since
+            self.count_wait(device, time.perf_counter() - since)
+
+    def count_wait(self, device: int, seconds: float) -> None:
+        """``device`` held the train step with nothing to compute: idle time of its home pool (``time_breakdown``)."""
+        pool = self.cluster.devices[device].home.value
+        self.report.step_wait_s[pool] = self.report.step_wait_s.get(pool, 0.0) + seconds
 
     def finish(self, step: "StepInProgress") -> None:
         """Every device of the step sums its gradients (lent devices give theirs to the primary)."""

@@ -18,7 +18,7 @@ from bidirl.config import PipelineConfig
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import (charge_waits, median, pool_idle_ratio, steady_step_s, switch_overheads,
+from bidirl.sched.trace import (median, pool_idle_ratio, steady_step_s, switch_overheads,
                                 time_breakdown)
 from bidirl.ui import say
 
@@ -35,9 +35,11 @@ class RunReport:
         self.consumed_samples = 0
         self.consumed_tokens = 0
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
-        self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for groups still generating
-        # device-seconds, per home pool, a step's devices had nothing left to compute while it was not over
+        # device-seconds, per home pool, a train step's devices held it with nothing to compute: waiting for
+        # its groups still generating (a streamed step; ``stream_wait_s`` is that part), for another device's
+        # last micro-batches, or for a home trainer back from a lease
         self.step_wait_s: Dict[str, float] = {}
+        self.stream_wait_s = 0.0
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.joined_chunks: List[Dict[str, Any]] = []  # chunks that joined a device's batch in flight
@@ -143,11 +145,8 @@ class RunReport:
         homes = {d.index: d.home.value for d in cluster.devices}
         switches = self.switch_figures(cluster.trace)
         at_start = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
-        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start),
-                           time_breakdown(cluster.trace, cluster.now, at_start))
-        waits = {**self.step_wait_s, "train": self.stream_wait_s + self.step_wait_s.get("train", 0.0)}
-        charge_waits(idle, breakdown, waits, cluster.now,
-                     {pool: sum(h == pool for h in homes.values()) for pool in ("train", "rollout")})
+        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start, self.step_wait_s),
+                           time_breakdown(cluster.trace, cluster.now, at_start, self.step_wait_s))
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),
             "eta": cluster.eta, "steps": cluster.version, "rl_seconds": round(rl_seconds, 2),

@@ -159,13 +159,22 @@ class StepProgress:
     def finish(self, communication_s: float = 0.0) -> float:
         return self.since + self.work_left / self.devices + communication_s
 
-    def join(self, now: float, epoch: int = 0) -> None:
-        self.waited += max(0.0, self.devices * (now - self.since) - self.work_left)  # out of work until now
+    def join(self, now: float, epoch: int = 0) -> float:
+        """One more device at ``now``; returns the device-seconds the others had nothing to compute until then."""
+        waited = self._ran_out(now)
         self.work_left = self.seconds_left(now) * self.devices
         self.devices, self.since, self.epoch = self.devices + 1, now, epoch
+        return waited
 
-    def add(self, now: float, work: float, epoch: int = 0) -> None:
-        """``work`` more device-seconds arrived at ``now`` (a streamed step's groups as they finish)."""
-        self.waited += max(0.0, self.devices * (now - self.since) - self.work_left)  # out of work until now
+    def add(self, now: float, work: float, epoch: int = 0) -> float:
+        """``work`` more device-seconds arrived at ``now`` (a streamed step's groups as they finish); returns
+        the device-seconds the step's devices had nothing to compute until then."""
+        waited = self._ran_out(now)
         self.work_left = self.seconds_left(now) * self.devices + work
         self.since, self.epoch = now, epoch
+        return waited
+
+    def _ran_out(self, now: float) -> float:
+        waited = max(0.0, self.devices * (now - self.since) - self.work_left)  # out of work until now
+        self.waited += waited
+        return waited

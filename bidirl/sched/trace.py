@@ -10,7 +10,7 @@ Where a pool's device-time goes (:func:`time_breakdown`), the same categories in
 
 * ``busy``       generating or training (useful work);
 * ``tail``       idle, waiting for work elsewhere to finish (a batch's last sequences, the run's end), and a
-                 train step's device that computes nothing while the step goes on (``charge_waits``);
+                 train step's device that computes nothing while the step goes on (``waits``);
 * ``admission``  idle, blocked by the staleness bound;
 * ``switching``  changing role; ``draining``: finishing work before a switch;
 * ``syncing``    loading new weights;
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 Interval = Tuple[int, str, str, float, float]  # device, state, role served, start, end
 
@@ -46,10 +46,12 @@ def intervals(trace: Sequence[dict], end: float) -> List[Interval]:
     return [i for i in out if i[4] > i[3]]
 
 
-def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> Dict[str, float]:
+def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str],
+                    waits: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Per home pool: fraction of its device-time spent idle (no work assigned, or blocked). ``homes``:
     each device's home when the run started; a device that re-planning moves is charged to each pool
-    for the time it belonged there (its records carry its home)."""
+    for the time it belonged there (its records carry its home). ``waits``: device-seconds per pool that
+    a train step's devices held it with nothing to compute (:func:`time_breakdown`), idle too."""
     total: Dict[str, float] = defaultdict(float)
     idle: Dict[str, float] = defaultdict(float)
     home_now, state_now, since = dict(homes), {}, {}
@@ -71,12 +73,20 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str]) ->
         if device not in state_now:
             total[home] += end
             idle[home] += end
-    return {home: round(idle[home] / total[home], 4) if total[home] else 0.0 for home in total}
+    for home, seconds in (waits or {}).items():
+        idle[home] += seconds
+    return {home: round(min(1.0, idle[home] / total[home]), 4) if total[home] else 0.0 for home in total}
 
 
-def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> Dict[str, Dict[str, float]]:
+def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
+                   waits: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, float]]:
     """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1).
-    ``homes``: each device's home when the run started (as in :func:`pool_idle_ratio`)."""
+    ``homes``: each device's home when the run started (as in :func:`pool_idle_ratio`).
+
+    ``waits``: device-seconds, per home pool, that a train step's devices held the TRAINING state with
+    nothing to compute -- waiting for groups still generating (a streamed step), for the step's last
+    micro-batches on another device, or for a home trainer back from a lease. Both drivers count them
+    (the trace cannot tell), and they move from busy to tail."""
     pools = sorted(set(homes.values()) | {r["home"] for r in trace if "home" in r})
     seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in pools}
     current: Dict[int, Tuple[str, float]] = {device: (NO_REASON, 0.0) for device in homes}
@@ -91,6 +101,11 @@ def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str]) -> 
         current[device] = (category, record["t"])
     for device, (category, since) in current.items():
         seconds[home_now[device]][category] += max(0.0, end - since)
+    for home, waited in (waits or {}).items():
+        if home in seconds:
+            moved = min(waited, seconds[home]["busy"])
+            seconds[home]["busy"] -= moved
+            seconds[home][TAIL] += moved
     out = {}
     for home, parts in seconds.items():
         total = sum(parts.values()) or 1.0
@@ -138,17 +153,3 @@ def steady_step_s(version_times: Sequence[float], warmup: int = 3, updates_per_s
     first = warmup if steps > warmup + 1 else 0
     return (version_times[-1] - version_times[first]) / (steps - first)
 
-
-def charge_waits(idle_ratio: Dict[str, float], breakdown: Dict[str, Dict[str, float]], waits: Dict[str, float],
-                 end: float, pool_devices: Dict[str, int]) -> None:
-    """A train step's devices hold the TRAINING state while they compute nothing: waiting for groups still
-    generating (a streamed step), for the step's last micro-batches on another device, or for a home
-    trainer back from a lease. Both drivers move that wait (device-seconds, per home pool in ``waits``) from
-    the pool's busy time to its tail idle time, in place."""
-    for pool, wait_s in waits.items():
-        if not wait_s or pool not in breakdown or not pool_devices.get(pool):
-            continue
-        share = wait_s / (end * pool_devices[pool])
-        idle_ratio[pool] = round(idle_ratio.get(pool, 0.0) + share, 4)
-        breakdown[pool]["busy"] = round(breakdown[pool]["busy"] - share, 4)
-        breakdown[pool][TAIL] = round(breakdown[pool][TAIL] + share, 4)

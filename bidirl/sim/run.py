@@ -21,7 +21,7 @@ from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
 from bidirl.sched.policy import POLICIES
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
-from bidirl.sched.trace import charge_waits, pool_idle_ratio, steady_step_s, time_breakdown
+from bidirl.sched.trace import pool_idle_ratio, steady_step_s, time_breakdown
 from bidirl.sim.costs import CalibratedCosts, DrawnGroups, bound_of, bound_work, estimates, make_instance
 from bidirl.sim.simulator import Simulator
 
@@ -230,9 +230,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     window_bound = (bound_step(cfg, perf, cluster.eta, costs.drawn if own_workload else None, window)
                     if with_bound else 0.0)
     homes_map = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
-    idle, breakdown = pool_idle_ratio(cluster.trace, makespan, homes_map), time_breakdown(cluster.trace, makespan, homes_map)
-    waits = {**simulator.step_wait_s, "train": simulator.stream_wait_s + simulator.step_wait_s.get("train", 0.0)}
-    charge_waits(idle, breakdown, waits, makespan, {"train": devices - run.rollout_devices, "rollout": run.rollout_devices})
+    idle, breakdown = (pool_idle_ratio(cluster.trace, makespan, homes_map, simulator.step_wait_s),
+                       time_breakdown(cluster.trace, makespan, homes_map, simulator.step_wait_s))
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),

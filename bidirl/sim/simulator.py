@@ -144,7 +144,8 @@ class PulledStep:
         self.devices, self.epoch = devices, epoch
         self.starts: List[Tuple[float, int, float, float]] = []  # (start, slot, work, seconds) per micro-batch
         self.joined = [now] * devices  # when each device slot joined the step
-        self.waited = 0.0  # device-seconds a streamed step's devices had nothing to compute
+        self.counted = [now] * devices  # per slot: the time it had nothing to compute is counted up to here
+        self.waited = 0.0  # device-seconds its devices had nothing to compute, counted so far
         self.stalls: Dict[int, float] = {}  # slot -> extra seconds its next micro-batch takes
         self.dead: set = set()  # expired slots
         self._assign([now] * devices, [item_s] * items, now)
@@ -176,11 +177,21 @@ class PulledStep:
         mine = [(start, seconds) for start, s, _, seconds in self.starts if s == slot]
         return min(mine) if mine else None
 
+    def idle_until(self, now: float) -> Dict[int, float]:
+        """Per slot still in the step, the seconds it has had nothing to compute up to ``now`` and not yet
+        counted (each stretch is counted once): waiting for micro-batches still to come (a streamed step's
+        groups), for a device to join, or for the step's last micro-batches on other slots."""
+        out = {}
+        for slot, free in enumerate(self._free(self.starts)):
+            since = max(free, self.counted[slot])
+            if slot not in self.dead and since < now:
+                out[slot], self.counted[slot] = now - since, now
+        self.waited += sum(out.values())
+        return out
+
     def end_waits(self) -> Dict[int, float]:
-        """Per slot still in the step, the seconds it had nothing left to compute before the step's work
-        ended: the others' last micro-batches (a slot that joined after the end waited for nothing)."""
-        end = self.finish()
-        return {slot: end - t for slot, t in enumerate(self._free(self.starts)) if slot not in self.dead and t < end}
+        """:meth:`idle_until` the step's work ends: each slot's wait for the others' last micro-batches."""
+        return self.idle_until(self.finish())
 
     def _replan(self, now: float, kept, requeued: List[float], epoch: int) -> None:
         waiting = [work for start, _, work, _ in self.starts if start >= now]  # not started: pulled anew
@@ -190,27 +201,35 @@ class PulledStep:
         self.starts, self.epoch = kept, epoch
         self._assign(self._free(kept), requeued + waiting, now)
 
-    def join(self, now: float, epoch: int = 0, stall: float = 0.0) -> None:
-        """One more device at ``now`` (``stall``: its first micro-batch takes that much longer)."""
+    def join(self, now: float, epoch: int = 0, stall: float = 0.0) -> Dict[int, float]:
+        """One more device at ``now`` (``stall``: its first micro-batch takes that much longer); returns
+        :meth:`idle_until` ``now`` of the slots already there."""
+        waits = self.idle_until(now)
         self.devices += 1
         self.joined.append(now)
+        self.counted.append(now)
         if stall:
             self.stalls[self.devices - 1] = stall
         self._replan(now, [item for item in self.starts if item[0] < now], [], epoch)
+        return waits
 
-    def expire(self, now: float, slot: int, epoch: int = 0) -> None:
-        """The slot's lease expired: its micro-batches, computed or running, are computed again by the others."""
+    def expire(self, now: float, slot: int, epoch: int = 0) -> Dict[int, float]:
+        """The slot's lease expired: its micro-batches, computed or running, are computed again by the others.
+        Returns :meth:`idle_until` ``now`` of the others (those out of work get the micro-batches back)."""
         self.dead.add(slot)
+        waits = self.idle_until(now)
         requeued = [work for _, s, work, _ in sorted(self.starts) if s == slot]
         self.starts = [item for item in self.starts if item[1] != slot]
         self._replan(now, [item for item in self.starts if item[0] < now], requeued, epoch)
+        return waits
 
-    def add(self, now: float, items: List[float], epoch: int = 0) -> None:
-        """Micro-batches that arrived at ``now``, queued behind every one already there."""
+    def add(self, now: float, items: List[float], epoch: int = 0) -> Dict[int, float]:
+        """Micro-batches that arrived at ``now``, queued behind every one already there; returns
+        :meth:`idle_until` ``now`` (the slots out of work until they came)."""
         self.epoch = epoch
-        free = self._free(self.starts)
-        self.waited += sum(max(0.0, now - t) for slot, t in enumerate(free) if slot not in self.dead)
-        self._assign(free, items, now)
+        waits = self.idle_until(now)
+        self._assign(self._free(self.starts), items, now)
+        return waits
 
 
 @dataclass(frozen=True)
@@ -275,14 +294,14 @@ class Simulator:
         self.trace_seen = 0
         self.dirty: set = set()
         self.step: Any = None  # StepProgress, or PulledStep when devices pull micro-batches
-        self.stream_wait_s = 0.0  # device-seconds streamed steps' devices waited for their groups
-        # device-seconds, per home pool, a pulled step's devices had nothing left to compute while it was not
-        # over: another device's last micro-batches, or a home trainer back from a lease
+        # device-seconds, per home pool, a train step's devices held it with nothing to compute: waiting for
+        # its groups still generating (a streamed step; ``stream_wait_s`` is that part), for another device's
+        # last micro-batches, or for a home trainer back from a lease
         self.step_wait_s: Dict[str, float] = {}
+        self.stream_wait_s = 0.0
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
-        self.rejoin_counted = 0.0  # the step's wait for a home trainer back from a lease is counted up to here
         self.warmed: set = set()  # (device, stage) that paid their engine's warm-up
         self.training_now: Any = ()  # devices of the train step in progress (their neighbours decode slower)
         # the host's decoding slows its other decoding down (1.0: devices do not share a host, or older
@@ -324,11 +343,8 @@ class Simulator:
                     self.cluster.close_step()
             elif isinstance(event, StepTick):
                 if self.step is not None and event.epoch == self.step.epoch and not self.cluster.trainers_away:
-                    self.stream_wait_s += self.step.waited
-                    if self.pull_samples:
-                        device_at = {slot: device for device, slot in self.slots.items()}
-                        for slot, seconds in self.step.end_waits().items():
-                            self.count_step_wait(device_at[slot], seconds)
+                    if self.pull_samples:  # (work shared continuously ends on every device at once)
+                        self.count_slot_waits(self.step.end_waits(), streaming=False)
                     self.step = None
                     self.beside_training(now, ())
                     self.handle(ev.TrainDone(self.cluster.version + 1), now)
@@ -360,7 +376,7 @@ class Simulator:
         slot = self.slots[device]
         start, seconds = self.step.first_item(slot)
         self.hung_until[device] = start + seconds
-        self.step.expire(now, slot, next(self.step_epochs))
+        self.count_slot_waits(self.step.expire(now, slot, next(self.step_epochs)), self.cluster.streaming)
         self.handle(ev.LeaseExpired(device), now)
         self.retime_step()
         self.beside_training(now, self.cluster.training_devices)  # (decoding beside training: no longer it)
@@ -394,7 +410,6 @@ class Simulator:
 
     def _train(self, action: ev.Train, now: float) -> None:  # apply() composed the batch already
         cluster = self.cluster
-        self.rejoin_counted = 0.0
         parts = cluster.batch_chunks(cluster.version)
         self.fed = len(parts)
         epoch = next(self.step_epochs)
@@ -435,9 +450,10 @@ class Simulator:
         self.fed += len(parts)
         epoch = next(self.step_epochs)
         if self.pull_samples:
-            self.step.add(now, self.micro_batches(parts, 0, whole=False), epoch)
+            self.count_slot_waits(self.step.add(now, self.micro_batches(parts, 0, whole=False), epoch), streaming=True)
         else:
-            self.step.add(now, self.costs.train_work(parts), epoch)
+            self.count_shared_wait(self.step.add(now, self.costs.train_work(parts), epoch),
+                                   self.cluster.training_devices, streaming=True)
         self.retime_step()
 
     def warmup(self, device: int, stage: str) -> float:
@@ -472,25 +488,37 @@ class Simulator:
 
     def _join(self, action: ev.Join, now: float) -> None:  # the rest of the step's work gets one more device
         warmup = self.warmup(action.device, "train")
+        # (the step's devices that ran out of work before the join -- a home trainer back from a lease, or a
+        # streamed step's groups still to come -- waited until now)
+        streaming = self.cluster.streaming
         if self.pull_samples:
-            ran_out = max(self.step.finish() if not self.cluster.streaming else now, self.rejoin_counted)
-            if ran_out < now:  # the step's devices finished its work and waited for a home trainer to come back
-                for device in self.cluster.training_devices:
-                    if device != action.device:
-                        self.count_step_wait(device, now - ran_out)
-                self.rejoin_counted = now
-            self.slots[action.device] = self.step.devices
-            self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device) + warmup)
-        else:  # (StepProgress counts the wait of devices that ran out of work before the join)
-            self.step.join(now, next(self.step_epochs))
+            waits = self.step.join(now, next(self.step_epochs), stall=self.stall_of(action.device) + warmup)
+            self.slots[action.device] = self.step.devices - 1
+            self.count_slot_waits(waits, streaming)
+        else:
+            before = [device for device in self.cluster.training_devices if device != action.device]
+            self.count_shared_wait(self.step.join(now, next(self.step_epochs)), before, streaming)
             if warmup:
                 self.step.add(now, warmup, self.step.epoch)
         self.retime_step()
         self.beside_training(now, self.cluster.training_devices)
 
-    def count_step_wait(self, device: int, seconds: float) -> None:
+    def count_wait(self, device: int, seconds: float, streaming: bool) -> None:
+        """``device`` held the train step with nothing to compute for ``seconds`` (``streaming``: waiting
+        for groups of its batch still generating)."""
         pool = self.cluster.devices[device].home.value
         self.step_wait_s[pool] = self.step_wait_s.get(pool, 0.0) + seconds
+        self.stream_wait_s += seconds if streaming else 0.0
+
+    def count_slot_waits(self, waits: Dict[int, float], streaming: bool) -> None:
+        device_at = {slot: device for device, slot in self.slots.items()}
+        for slot, seconds in waits.items():
+            self.count_wait(device_at[slot], seconds, streaming)
+
+    def count_shared_wait(self, seconds: float, devices: List[int], streaming: bool) -> None:
+        """Work shared continuously runs out on every device of the step at once: each waited the same."""
+        for device in devices if seconds > 0 else ():
+            self.count_wait(device, seconds / len(devices), streaming)
 
     def beside_training(self, now: float, training) -> None:
         """From now on ``training`` devices train (none: no step runs)."""

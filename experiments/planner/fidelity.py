@@ -83,6 +83,9 @@ def live(pipeline: str, overrides: list, root: Path, policy: str) -> dict:
                         f"output_dir={runs}"], capture_output=True, text=True, check=True)
         done = sorted(runs.glob("*/summary.json"))
     summary = json.loads(done[-1].read_text())
+    if "step_wait_s" not in summary:  # its time breakdown counts a train step's waits as busy, the prediction's not
+        raise SystemExit(f"{done[-1].parent}: a kept run from before summaries counted a train step's waits "
+                         "(step_wait_s): use another --work")
     steps = [json.loads(line) for line in (done[-1].parent / "metrics.jsonl").read_text().splitlines()]
     if "version_times" not in summary:  # a run kept from before summaries recorded them: its metrics have them
         summary["version_times"] = [0.0] + [r["time_s"] for r in steps if "version" in r]
