@@ -322,6 +322,23 @@ def test_a_full_disk_while_closing_a_failed_run_does_not_hide_why_it_failed(tmp_
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
+    class FullDiskFile:  # the metrics file: closing flushes its last row to the same full disk
+        closed = False
+
+        def close(self):
+            self.closed = True
+            full_disk()
+
     monkeypatch.setattr(rundir, "_write_atomic", full_disk)
+    run._metrics.close()
+    run._metrics = FullDiskFile()
     run.finish_after(RuntimeError("the primary trainer died"))  # returns: the caller raises its failure next
     assert run._metrics.closed
+
+
+def test_a_failed_runs_error_is_the_first_line_that_says_something(tmp_path):
+    from bidirl.rundir import RunDir
+    from tests.builders import small_config
+
+    RunDir(small_config(), path=tmp_path / "run").finish_after(ValueError("\n  bad shard: model-00002\n(details)"))
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["error"] == "ValueError: bad shard: model-00002"

@@ -224,3 +224,37 @@ def test_a_shared_batch_whose_groups_all_went_elsewhere_times_nothing_and_the_ne
     c._chunk_generated(msg.ChunkGenerated(device=SOURCE, seconds=1.0, chunk=0, samples=[], version=0, shared=True,
                                           batch_s=1.0, batch_groups=0))  # (its device's first batch)
     assert c.measured.seen == set() and c.measured.first_chunks == [] and c.first_batch == set()
+
+
+def test_a_step_device_is_idle_only_while_it_has_nothing_to_compute_even_when_an_expired_lease_gives_it_work_back(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    import bidirl.runtime.controller as controller
+    from bidirl.runtime.controller import StepInProgress
+    from bidirl.sched.roles import Role
+
+    clock = [10.0]
+    monkeypatch.setattr(controller.time, "perf_counter", lambda: clock[0])
+    c = object.__new__(Controller)  # (only the step's work handed out: no run, no engines)
+    c.cluster = SimpleNamespace(devices=[SimpleNamespace(home=Role.TRAIN), SimpleNamespace(home=Role.ROLLOUT)],
+                                close_step=lambda: None, trainers_away=False)
+    c.mailbox, c.report = Sent(), SimpleNamespace(step_wait_s={})
+    step = c.step = StepInProgress(None, False, [0, 1], started=10.0, stream=SimpleNamespace(k=0))
+    c.pull(1)  # a streamed step: nothing to pull yet, its groups are still generating
+    clock[0] = 12.0
+    step.left.append("micro-batch back from an expired lease")
+    c.pull(1)  # computes from 12 ...
+    clock[0] = 15.0
+    step.computing.discard(1)
+    c.pull(1)  # ... to 15, then waits for groups again
+    assert step.waited_s == 2.0 and c.report.step_wait_s == {"rollout": 2.0} and step.waiting == {1: 15.0}
+    step.stream = None  # the batch is in: device 0 computes its last micro-batch, device 1 has nothing left
+    step.waiting.clear()
+    step.computing.add(0)
+    c.pull(1)
+    clock[0] = 15.5
+    c.exclusive = lambda name, then: None  # (the finish itself is not this test's)
+    step.computing.discard(0)
+    c.pull(0)  # nothing computing, nothing left: the step finishes, device 1's wait ends
+    assert c.report.step_wait_s == {"rollout": 2.5}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bidirl.config import load_config
+from bidirl.sched.trace import intervals
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +33,13 @@ def test_one_live_run_lends_both_ways_joins_a_step_and_migrates_requests_with_st
     trace = [json.loads(line) for line in (root / "trace.jsonl").read_text().splitlines()]
     assert summary["leases"]["train->rollout"]["leases"] > 0 and summary["leases"]["rollout->train"]["leases"] > 0
     assert any(r["reason"].startswith("joins batch") and r["home"] == "rollout" for r in trace)
-    # in a step of two devices one runs out of micro-batches first and waits for the other: idle, not busy
+    # in a step of two devices one runs out of micro-batches first and waits for the other: idle, not busy;
+    # a wait is time in the TRAINING state, never more
     assert sum(summary["step_wait_s"].values()) > 0
+    homes = {d: home for d, home in enumerate(summary["homes"])}
+    training = {pool: sum(stop - start for device, state, _, start, stop in intervals(trace, trace[-1]["t"])
+                          if state == "training" and homes[device] == pool) for pool in summary["step_wait_s"]}
+    assert all(summary["step_wait_s"][pool] <= training[pool] + 1e-3 for pool in training), (summary, training)
     assert summary["migrations"] and any(h["unfinished"] > 0 for h in summary["handovers"])
     batch = load_config("pipelines/cpu-long.yaml").train.prompts_per_step
     assert set(summary["staleness_histogram"]) <= {"0", "1"}  # the bound held

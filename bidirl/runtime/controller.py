@@ -710,10 +710,16 @@ class Controller:
             step.idle_since.setdefault(device, time.perf_counter())  # until the step's work is over
 
     def stop_waiting(self, step: StepInProgress, device: int) -> None:
-        """``device`` has work again, or the step it waited on is over: its wait is counted."""
+        """``device`` has work again, or the step it waited on is over: its wait is counted (a streamed
+        step's device waiting for groups gets work back this way from a lease that expired)."""
+        now = time.perf_counter()
         since = step.idle_since.pop(device, None)
         if since is not None:
-            self.count_wait(device, time.perf_counter() - since)
+            self.count_wait(device, now - since)
+        since = step.waiting.pop(device, None)
+        if since is not None:
+            step.waited_s += now - since
+            self.count_wait(device, now - since)
 
     def count_wait(self, device: int, seconds: float) -> None:
         """``device`` held the train step with nothing to compute: idle time of its home pool (``time_breakdown``)."""

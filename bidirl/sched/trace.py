@@ -54,6 +54,7 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str],
     a train step's devices held it with nothing to compute (:func:`time_breakdown`), idle too."""
     total: Dict[str, float] = defaultdict(float)
     idle: Dict[str, float] = defaultdict(float)
+    training: Dict[str, float] = defaultdict(float)
     home_now, state_now, since = dict(homes), {}, {}
     for record in trace:
         device = record["device"]
@@ -62,6 +63,8 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str],
             total[home_now[device]] += seconds
             if state == "idle":
                 idle[home_now[device]] += seconds
+            elif state == "training":
+                training[home_now[device]] += seconds
         home_now[device] = record.get("home", home_now[device])
         state_now[device], since[device] = record["to"], record["t"]
     for device, state in state_now.items():
@@ -69,13 +72,15 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str],
             total[home_now[device]] += end - since[device]
             if state == "idle":
                 idle[home_now[device]] += end - since[device]
+            elif state == "training":
+                training[home_now[device]] += end - since[device]
     for device, home in homes.items():  # a device that never changed state was idle throughout
         if device not in state_now:
             total[home] += end
             idle[home] += end
     for home, seconds in (waits or {}).items():
-        idle[home] += seconds
-    return {home: round(min(1.0, idle[home] / total[home]), 4) if total[home] else 0.0 for home in total}
+        idle[home] += min(seconds, training[home])  # (as time_breakdown moves them)
+    return {home: round(idle[home] / total[home], 4) if total[home] else 0.0 for home in total}
 
 
 def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
@@ -90,20 +95,25 @@ def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
     pools = sorted(set(homes.values()) | {r["home"] for r in trace if "home" in r})
     seconds: Dict[str, Dict[str, float]] = {home: dict.fromkeys(CATEGORIES, 0.0) for home in pools}
     current: Dict[int, Tuple[str, float]] = {device: (NO_REASON, 0.0) for device in homes}
+    current_state: Dict[int, str] = {device: "idle" for device in homes}
+    training: Dict[str, float] = defaultdict(float)  # seconds in the TRAINING state, per home pool
     home_now = dict(homes)
     for record in trace:
         device = record["device"]
         category, since = current[device]
         seconds[home_now[device]][category] += record["t"] - since
+        training[home_now[device]] += record["t"] - since if current_state[device] == "training" else 0.0
         home_now[device] = record.get("home", home_now[device])
         to = record["to"]
         category = "busy" if to in _BUSY_STATES else record.get("cause", NO_REASON) if to == "idle" else to
-        current[device] = (category, record["t"])
+        current[device], current_state[device] = (category, record["t"]), to
     for device, (category, since) in current.items():
         seconds[home_now[device]][category] += max(0.0, end - since)
+        training[home_now[device]] += max(0.0, end - since) if current_state[device] == "training" else 0.0
     for home, waited in (waits or {}).items():
         if home in seconds:
-            moved = min(waited, seconds[home]["busy"])
+            # (a wait is time spent in the TRAINING state: never more, up to rounding of the clocks)
+            moved = min(waited, training[home])
             seconds[home]["busy"] -= moved
             seconds[home][TAIL] += moved
     out = {}
