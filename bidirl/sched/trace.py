@@ -28,6 +28,7 @@ Interval = Tuple[int, str, str, float, float]  # device, state, role served, sta
 TAIL, ADMISSION, NO_REASON = "tail", "admission", "no_reason"
 CATEGORIES = ("busy", TAIL, ADMISSION, "switching", "draining", "syncing", NO_REASON)
 _BUSY_STATES = ("generating", "training", "evaluating")
+_IDLE_CATEGORIES = (TAIL, ADMISSION, NO_REASON)  # the IDLE state, by cause
 
 
 def intervals(trace: Sequence[dict], end: float) -> List[Interval]:
@@ -48,45 +49,28 @@ def intervals(trace: Sequence[dict], end: float) -> List[Interval]:
 
 def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str],
                     waits: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-    """Per home pool: fraction of its device-time spent idle (no work assigned, or blocked). ``homes``:
-    each device's home when the run started; a device that re-planning moves is charged to each pool
-    for the time it belonged there (its records carry its home). ``waits``: device-seconds per pool that
-    a train step's devices held it with nothing to compute (:func:`time_breakdown`), idle too."""
-    total: Dict[str, float] = defaultdict(float)
-    idle: Dict[str, float] = defaultdict(float)
-    training: Dict[str, float] = defaultdict(float)
-    home_now, state_now, since = dict(homes), {}, {}
-    for record in trace:
-        device = record["device"]
-        state, seconds = state_now.get(device, record["from"]), record["t"] - since.get(device, 0.0)
-        if seconds > 0:
-            total[home_now[device]] += seconds
-            if state == "idle":
-                idle[home_now[device]] += seconds
-            elif state == "training":
-                training[home_now[device]] += seconds
-        home_now[device] = record.get("home", home_now[device])
-        state_now[device], since[device] = record["to"], record["t"]
-    for device, state in state_now.items():
-        if end > since[device]:
-            total[home_now[device]] += end - since[device]
-            if state == "idle":
-                idle[home_now[device]] += end - since[device]
-            elif state == "training":
-                training[home_now[device]] += end - since[device]
-    for device, home in homes.items():  # a device that never changed state was idle throughout
-        if device not in state_now:
-            total[home] += end
-            idle[home] += end
-    for home, seconds in (waits or {}).items():
-        idle[home] += min(seconds, training[home])  # (as time_breakdown moves them)
-    return {home: round(idle[home] / total[home], 4) if total[home] else 0.0 for home in total}
+    """Per home pool: fraction of its device-time spent idle (no work assigned, or blocked: the idle
+    categories of :func:`time_breakdown`, ``waits`` included). ``homes``: each device's home when the run
+    started; a device that re-planning moves is charged to each pool for the time it belonged there (its
+    records carry its home)."""
+    return {home: round(sum(parts[c] for c in _IDLE_CATEGORIES) / total, 4) if (total := sum(parts.values())) else 0.0
+            for home, parts in pool_seconds(trace, end, homes, waits).items()}
 
 
 def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
                    waits: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, float]]:
-    """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1).
-    ``homes``: each device's home when the run started (as in :func:`pool_idle_ratio`).
+    """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1)."""
+    out = {}
+    for home, parts in pool_seconds(trace, end, homes, waits).items():
+        total = sum(parts.values()) or 1.0
+        out[home] = {category: round(value / total, 4) for category, value in parts.items()}
+    return out
+
+
+def pool_seconds(trace: Sequence[dict], end: float, homes: Dict[int, str],
+                 waits: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, float]]:
+    """Per home pool: device-seconds in each of :data:`CATEGORIES`. ``homes``: each device's home when the
+    run started (a device that re-planning moves is charged to each pool in turn).
 
     ``waits``: device-seconds, per home pool, that a train step's devices held the TRAINING state with
     nothing to compute -- waiting for groups still generating (a streamed step), for the step's last
@@ -116,11 +100,7 @@ def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
             moved = min(waited, training[home])
             seconds[home]["busy"] -= moved
             seconds[home][TAIL] += moved
-    out = {}
-    for home, parts in seconds.items():
-        total = sum(parts.values()) or 1.0
-        out[home] = {category: round(value / total, 4) for category, value in parts.items()}
-    return out
+    return seconds
 
 
 def switch_overheads(trace: Sequence[dict]) -> List[Dict[str, float]]:
