@@ -232,14 +232,14 @@ def test_a_step_device_is_idle_only_while_it_has_nothing_to_compute_even_when_an
 
     import bidirl.runtime.controller as controller
     from bidirl.runtime.controller import StepInProgress
+    from bidirl.sched.cluster import Cluster
     from bidirl.sched.roles import Role
 
     clock = [10.0]
     monkeypatch.setattr(controller.time, "perf_counter", lambda: clock[0])
     c = object.__new__(Controller)  # (only the step's work handed out: no run, no engines)
-    c.cluster = SimpleNamespace(devices=[SimpleNamespace(home=Role.TRAIN), SimpleNamespace(home=Role.ROLLOUT)],
-                                close_step=lambda: None, trainers_away=False)
-    c.mailbox, c.report = Sent(), SimpleNamespace(step_wait_s={})
+    c.cluster = Cluster([Role.TRAIN, Role.ROLLOUT], batch_groups=4, eta=0, steps=1, chunk_groups=4)
+    c.mailbox = Sent()
     step = c.step = StepInProgress(None, False, [0, 1], started=10.0, stream=SimpleNamespace(k=0))
     c.pull(1)  # a streamed step: nothing to pull yet, its groups are still generating
     clock[0] = 12.0
@@ -248,7 +248,7 @@ def test_a_step_device_is_idle_only_while_it_has_nothing_to_compute_even_when_an
     clock[0] = 15.0
     step.computing.discard(1)
     c.pull(1)  # ... to 15, then waits for groups again
-    assert step.waited_s == 2.0 and c.report.step_wait_s == {"rollout": 2.0} and step.waiting == {1: 15.0}
+    assert step.waited_s == 2.0 and c.cluster.step_wait_s == {"rollout": 2.0} and step.waiting == {1: 15.0}
     step.stream = None  # the batch is in: device 0 computes its last micro-batch, device 1 has nothing left
     step.waiting.clear()
     step.computing.add(0)
@@ -257,4 +257,4 @@ def test_a_step_device_is_idle_only_while_it_has_nothing_to_compute_even_when_an
     c.exclusive = lambda name, then: None  # (the finish itself is not this test's)
     step.computing.discard(0)
     c.pull(0)  # nothing computing, nothing left: the step finishes, device 1's wait ends
-    assert c.report.step_wait_s == {"rollout": 2.5}
+    assert c.cluster.step_wait_s == {"rollout": 2.5}

@@ -675,7 +675,7 @@ class Controller:
         now = time.perf_counter()
         for device, since in step.waiting.items():
             step.waited_s += now - since
-            self.count_wait(device, now - since)
+            self.cluster.count_step_wait(device, now - since)
         step.waiting.clear()
         if not self.cluster.streaming:
             step.batch, step.stream = step.stream.close(), None
@@ -715,16 +715,11 @@ class Controller:
         now = time.perf_counter()
         since = step.idle_since.pop(device, None)
         if since is not None:
-            self.count_wait(device, now - since)
+            self.cluster.count_step_wait(device, now - since)
         since = step.waiting.pop(device, None)
         if since is not None:
             step.waited_s += now - since
-            self.count_wait(device, now - since)
-
-    def count_wait(self, device: int, seconds: float) -> None:
-        """``device`` held the train step with nothing to compute: idle time of its home pool (``time_breakdown``)."""
-        pool = self.cluster.devices[device].home.value
-        self.report.step_wait_s[pool] = self.report.step_wait_s.get(pool, 0.0) + seconds
+            self.cluster.count_step_wait(device, now - since)
 
     def finish(self, step: "StepInProgress") -> None:
         """Every device of the step sums its gradients (lent devices give theirs to the primary)."""

@@ -35,11 +35,7 @@ class RunReport:
         self.consumed_samples = 0
         self.consumed_tokens = 0
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
-        # device-seconds, per home pool, a train step's devices held it with nothing to compute: waiting for
-        # its groups still generating (a streamed step; ``stream_wait_s`` is that part), for another device's
-        # last micro-batches, or for a home trainer back from a lease
-        self.step_wait_s: Dict[str, float] = {}
-        self.stream_wait_s = 0.0
+        self.stream_wait_s = 0.0  # of the step waits (``Cluster.step_wait_s``), those for groups still generating
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.joined_chunks: List[Dict[str, Any]] = []  # chunks that joined a device's batch in flight
@@ -145,15 +141,15 @@ class RunReport:
         homes = {d.index: d.home.value for d in cluster.devices}
         switches = self.switch_figures(cluster.trace)
         at_start = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
-        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start, self.step_wait_s),
-                           time_breakdown(cluster.trace, cluster.now, at_start, self.step_wait_s))
+        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start, cluster.step_wait_s),
+                           time_breakdown(cluster.trace, cluster.now, at_start, cluster.step_wait_s))
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),
             "eta": cluster.eta, "steps": cluster.version, "rl_seconds": round(rl_seconds, 2),
             "samples_per_s": round(self.consumed_samples / rl_seconds, 2),
             "tokens_per_s": round(self.consumed_tokens / rl_seconds, 2),
             "idle_ratio": idle, "time_breakdown": breakdown, "stream_wait_s": round(self.stream_wait_s, 3),
-            "step_wait_s": {pool: round(seconds, 3) for pool, seconds in sorted(self.step_wait_s.items())},
+            "step_wait_s": {pool: round(seconds, 3) for pool, seconds in sorted(cluster.step_wait_s.items())},
             "expired_leases": [{"t": round(t, 3), "device": d, "batch": k} for t, d, k in cluster.expired_leases],
             "discarded_grads": self.discarded_grads,
             "migrations": [{"t": round(t, 3), "source": a, "device": b, "groups": n, "version": v}

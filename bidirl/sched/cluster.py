@@ -182,6 +182,10 @@ class Cluster:
         self.training: Optional[ev.Train] = None
         self.training_devices: List[int] = []  # the step's devices, including any that joined it
         self.trace: List[dict] = []
+        # device-seconds, per home pool, that a train step's devices held it with nothing to compute: waiting
+        # for its groups still generating, for another device's last micro-batches, or for a home trainer back
+        # from a lease. The trace cannot tell (the TRAINING state), so each driver measures and counts them
+        self.step_wait_s: Dict[str, float] = {}
         self.leases: List[Lease] = []
         self.open_leases: Dict[int, Lease] = {}  # device -> its lease in force
         # re-partitioning: devices switching to a new home pool, and rollout devices that will move to the
@@ -334,6 +338,12 @@ class Cluster:
         chunk = self.unstarted.popleft()
         assert chunk.device == action.device, "Generate actions must be carried out in the order applied"
         return chunk
+
+    def count_step_wait(self, device: int, seconds: float) -> None:
+        """A train step's ``device`` had nothing to compute for ``seconds``: idle time of its home pool
+        (``trace.time_breakdown``'s ``waits``)."""
+        pool = self.devices[device].home.value
+        self.step_wait_s[pool] = self.step_wait_s.get(pool, 0.0) + seconds
 
     def close_step(self) -> None:
         """The driver has handed out all the work of the step in progress: no device may join it now.

@@ -230,8 +230,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     window_bound = (bound_step(cfg, perf, cluster.eta, costs.drawn if own_workload else None, window)
                     if with_bound else 0.0)
     homes_map = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
-    idle, breakdown = (pool_idle_ratio(cluster.trace, makespan, homes_map, simulator.step_wait_s),
-                       time_breakdown(cluster.trace, makespan, homes_map, simulator.step_wait_s))
+    idle, breakdown = (pool_idle_ratio(cluster.trace, makespan, homes_map, cluster.step_wait_s),
+                       time_breakdown(cluster.trace, makespan, homes_map, cluster.step_wait_s))
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),

@@ -294,11 +294,7 @@ class Simulator:
         self.trace_seen = 0
         self.dirty: set = set()
         self.step: Any = None  # StepProgress, or PulledStep when devices pull micro-batches
-        # device-seconds, per home pool, a train step's devices held it with nothing to compute: waiting for
-        # its groups still generating (a streamed step; ``stream_wait_s`` is that part), for another device's
-        # last micro-batches, or for a home trainer back from a lease
-        self.step_wait_s: Dict[str, float] = {}
-        self.stream_wait_s = 0.0
+        self.stream_wait_s = 0.0  # of the step waits (``Cluster.step_wait_s``), those for groups still generating
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
@@ -506,8 +502,7 @@ class Simulator:
     def count_wait(self, device: int, seconds: float, streaming: bool) -> None:
         """``device`` held the train step with nothing to compute for ``seconds`` (``streaming``: waiting
         for groups of its batch still generating)."""
-        pool = self.cluster.devices[device].home.value
-        self.step_wait_s[pool] = self.step_wait_s.get(pool, 0.0) + seconds
+        self.cluster.count_step_wait(device, seconds)
         self.stream_wait_s += seconds if streaming else 0.0
 
     def count_slot_waits(self, waits: Dict[int, float], streaming: bool) -> None:
