@@ -228,9 +228,11 @@ def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tm
 def test_a_live_tail_is_stopped_mid_generation_and_finished_by_the_lent_trainer_with_every_group_trained_once(tmp_path):
     # eta 1: when a new version exists the rollout device is still decoding older groups and cannot load
     # it until they end; the idle trainer, lent, takes those groups over mid-generation (Migrate)
+    from bidirl.runtime.replay import check_record, read_batches
+
     root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl", "algorithm.staleness=1",
                           "train.prompts_per_step=16", "train.steps=10", "train.micro_batch_size=2",
-                          "launch.chunk_groups=8")
+                          "launch.chunk_groups=8", "logging.record_batches=true")
     summary = json.loads((root / "summary.json").read_text())
     trace = read_jsonl(root / "trace.jsonl")
     assert summary["migrations"] and all(m["source"] == 0 and m["device"] == 1 for m in summary["migrations"])
@@ -243,6 +245,10 @@ def test_a_live_tail_is_stopped_mid_generation_and_finished_by_the_lent_trainer_
     assert set(summary["staleness_histogram"]) <= {"0", "1"} and sum(summary["staleness_histogram"].values()) == 10 * 16
     steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
     assert [r["samples_consumed"] for r in steps] == [16 * 4 * k for k in range(1, 11)]
+    # ... and sample by sample: each trained one is a draw of its group no other trained sample is, moved or not
+    record = read_batches(root)
+    trained = [s for k in record for item in k.items for s in item.samples]
+    assert check_record(record, group_size=4, staleness=1) == [] and all("draw" in s.extra for s in trained)
     assert trace[-1]["role"] == trace[-1]["home"] and summary["final_version"] == 10
 
 

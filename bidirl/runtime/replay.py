@@ -55,8 +55,9 @@ def read_batches(run_path: str | Path) -> List[RecordedStep]:
 def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -> List[str]:
     """What is wrong with a run's record (empty: nothing). Steps come in version order, one each; every
     group, and every problem drawn from the prompt stream, is trained in one step only; every trained
-    sample belongs to its step's groups and appears once; no token is more than ``staleness`` versions
-    older than the step that trains it."""
+    sample belongs to its step's groups and appears once (by its draw number within the group, ``extra
+    ["draw"]``: two draws of a short answer are often alike; records from before it: by content); no
+    token is more than ``staleness`` versions older than the step that trains it."""
     problems: List[str] = []
     if [s.step for s in steps] != list(range(len(steps))):
         problems.append(f"steps out of order or missing: {[s.step for s in steps]}")
@@ -77,7 +78,11 @@ def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -
         for item in step.items:
             for sample in item.samples:
                 group = sample.extra.get("group")
-                key = (group, sample.prompt_index, tuple(sample.completion_ids), tuple(sample.logprobs))
+                draw = sample.extra.get("draw")
+                key = (group, draw) if draw is not None else \
+                    (group, sample.prompt_index, tuple(sample.completion_ids), tuple(sample.logprobs))
+                if draw is not None and not 0 <= draw < group_size:
+                    problems.append(f"step {step.step} trained draw {draw} of group {group} (groups of {group_size})")
                 if group not in step.groups:
                     problems.append(f"step {step.step} trained a sample of group {group}, not one of its groups")
                 if key in seen_samples:

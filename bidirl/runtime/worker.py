@@ -46,6 +46,7 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -180,9 +181,15 @@ class Worker:
         (``GroupsGenerated``) or is handed over (``GroupsHandedOver``), the rest in its ``ChunkGenerated``;
         ``batch``: the engine batch it joins (``generate``), timed whole by the last chunk to end in it."""
         def label(samples: List[Sample]) -> List[Sample]:
+            drawn: Counter = Counter()
             for sample in samples:
                 sample.extra["group"] = command.first_group + sample.prompt_index
                 sample.extra["answer"] = command.answers[sample.prompt_index]
+                # which of its group's n samples it is, for good: a short answer is often drawn twice, so only
+                # this tells a sample trained twice from two alike (replay.check_record). The engines give a
+                # group's samples together and in draw order; one moved mid-generation keeps its number
+                sample.extra.setdefault("draw", drawn[sample.prompt_index])
+                drawn[sample.prompt_index] += 1
             return samples
 
         def hand_over(ask: int, groups: List[int], samples: List[Sample]) -> None:  # (from inside the engine)
