@@ -91,6 +91,16 @@ def test_a_migration_moves_groups_in_flight_between_rollout_devices_and_keeps_th
         cluster.apply(ev.Migrate(0, 1, 1, version=0))
 
 
+def test_a_move_takes_the_oldest_chunks_groups_first_and_within_a_chunk_those_with_the_most_requests_left():
+    # both drivers pick so: the live controller asks chunk by chunk, the engines answer with choose_groups,
+    # and the simulator calls groups_to_move on its instances' sequences left
+    running = {(4, 0): 3, (3, 0): 1, (3, 1): 0, (3, 2): 4}  # (chunk, group) -> requests still running
+    assert ev.groups_to_move(running, 1) == [(3, 2)]
+    assert ev.groups_to_move(running, 2) == [(3, 0), (3, 2)]
+    assert ev.groups_to_move(running, 4) == [(3, 0), (3, 1), (3, 2), (4, 0)]
+    assert ev.choose_groups({0: 1, 2: 4}, [0, 1, 2], 2) == [0, 2]
+
+
 def test_a_migration_needs_a_driver_that_can_move_requests_and_weights_no_older_than_the_groups():
     cluster = Cluster([Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN], batch_groups=4, eta=1, steps=2, chunk_groups=4)
     cluster.apply(ev.Generate(0, 2))

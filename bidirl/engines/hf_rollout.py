@@ -12,7 +12,8 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.engines.protocols import Generation, HandOver, PauseGate, RolloutSite, choose_groups
+from bidirl.engines.protocols import Generation, HandOver, PauseGate, RolloutSite
+from bidirl.sched.events import choose_groups
 from bidirl.samples import Sample, SamplingParams, stop_token_ids
 from bidirl.models.sources import load_model
 

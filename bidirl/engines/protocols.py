@@ -190,10 +190,3 @@ class HandOver:
         with self._lock:
             self._open = False
             self._asked = []
-
-
-def choose_groups(running: Dict[int, int], available: Sequence[int], groups: int) -> List[int]:
-    """The prompt groups to hand over: those with the most requests still running first (the tail),
-    then finished ones, ``groups`` in all, from ``available`` (prompt indices still held)."""
-    order = sorted(available, key=lambda i: (-running.get(i, 0), i))
-    return sorted(order[:groups])

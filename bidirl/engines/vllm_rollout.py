@@ -21,7 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from bidirl.engines.protocols import Generation, HandOver, PauseGate, RolloutSite, choose_groups
+from bidirl.engines.protocols import Generation, HandOver, PauseGate, RolloutSite
+from bidirl.sched.events import choose_groups
 from bidirl.samples import Sample, SamplingParams
 from bidirl.errors import BidirlError
 

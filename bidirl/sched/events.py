@@ -14,7 +14,7 @@ that some driver forgets fails a test, instead of being ignored at run time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from bidirl.sched.roles import Role
 
@@ -120,6 +120,28 @@ class Migrate(Action):
     device: int
     groups: int
     version: int
+
+
+def choose_groups(running: Dict[int, int], available: Sequence[int], groups: int) -> List[int]:
+    """Which of a chunk's groups a move takes: those with the most requests still running first (the
+    tail), then finished ones, ``groups`` in all, from ``available`` (prompt indices still held). The
+    live engines answer a hand-over with it; the simulator picks with it too (``groups_to_move``)."""
+    order = sorted(available, key=lambda i: (-running.get(i, 0), i))
+    return sorted(order[:groups])
+
+
+def groups_to_move(running: Dict[Tuple[int, int], int], groups: int) -> List[Tuple[int, int]]:
+    """The (chunk, group) pairs a ``Migrate`` of ``groups`` takes from a source's groups of its version in
+    flight (``running``: their requests still running): chunk by chunk, oldest first, as the live
+    controller asks the source (``Controller._migrate``), and within a chunk by ``choose_groups``."""
+    chosen: List[Tuple[int, int]] = []
+    for chunk in sorted({c for c, _ in running}):
+        if len(chosen) == groups:
+            break
+        held = sorted(i for c, i in running if c == chunk)
+        take = choose_groups({i: running[(chunk, i)] for i in held}, held, min(groups - len(chosen), len(held)))
+        chosen += [(chunk, i) for i in take]
+    return chosen
 
 
 @dataclass(frozen=True)

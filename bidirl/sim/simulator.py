@@ -550,7 +550,9 @@ class Simulator:
         if warmup:
             target.warm_up(now, warmup)
         chunks = self.cluster.chunks
-        groups = [g for g in source.groups_in_flight(now) if chunks[g[0]].version == action.version][: action.groups]
+        # the groups the live runtime would hand over: oldest chunk first, the most requests left first
+        groups = ev.groups_to_move({g: source.left[g] for g in source.groups_in_flight(now)
+                                    if chunks[g[0]].version == action.version}, action.groups)
         target.admit_continued(now, source.take(now, groups))
         short = action.groups - len(groups)
         if short:  # groups that finished at this very instant and are not reported yet: they count as
