@@ -168,6 +168,33 @@ def test_under_the_live_runtimes_constraints_a_tail_waiting_for_its_load_is_move
     assert live.samples_per_s > simulate(cfg, "bidirl-nomigrate", rollout_devices=5, driver=LIVE).samples_per_s
 
 
+def test_under_the_live_runtimes_constraints_groups_moved_onto_a_device_are_reported_together_when_they_all_end(
+        monkeypatch):
+    # a live target continues the groups moved to it in one engine call and reports them when it returns;
+    # simulated with the live driver's capabilities, the groups that end first are held back until then
+    from bidirl.sched import events as ev
+    from bidirl.sim.simulator import Simulator
+
+    reports, handle = [], Simulator.handle
+
+    def recording(self, event, now):
+        if isinstance(event, ev.ChunkDone) and event.device in self.cluster.continuing:
+            reports.append((event.device, now, event.groups, self.cluster.inflight[event.device]))
+        return handle(self, event, now)
+
+    monkeypatch.setattr(Simulator, "handle", recording)
+    live = simulate(small("algorithm.staleness=1", "train.steps=30"), "bidirl", rollout_devices=5, driver=LIVE)
+    assert live.migrated_groups > 0
+    continuations, open_at = [], {}  # one per move: the times its groups were reported
+    for device, now, groups, inflight in reports:
+        open_at.setdefault(device, []).append((now, groups))
+        if groups == inflight:  # its last groups: the continuation is over
+            continuations.append(open_at.pop(device))
+    assert continuations and not open_at
+    assert any(sum(g for _, g in c) > 1 for c in continuations)  # moves of several groups ...
+    assert all(len({now for now, _ in c}) == 1 for c in continuations)  # ... each reported at one instant
+
+
 def test_results_do_not_depend_on_the_chunk_size_a_real_system_would_not_care_about():
     for policy in ("verl", "areal", "bidirl"):
         throughputs = [simulate(small(f"launch.chunk_groups={chunk}", "algorithm.staleness=1"), policy).samples_per_s

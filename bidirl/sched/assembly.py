@@ -64,7 +64,7 @@ class DriverCapabilities:
     migrates: bool = False
     # moved requests join the target's running decode batch; without it, a target that is generating would
     # run them only after its batch (the live runtime: ``ContinueGroups`` waits in the device's queue), so
-    # only idle devices take requests over
+    # only idle devices take requests over, and they run as one continuation, reported whole when it ends
     migrates_into_batch: bool = True
 
 

@@ -298,6 +298,7 @@ class Simulator:
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
+        self.continued_done: Dict[int, List[Tuple[int, int]]] = {}  # device -> moved groups ended, held back
         self.warmed: set = set()  # (device, stage) that paid their engine's warm-up
         self.training_now: Any = ()  # devices of the train step in progress (their neighbours decode slower)
         # the host's decoding slows its other decoding down (1.0: devices do not share a host, or older
@@ -324,8 +325,11 @@ class Simulator:
                 instance = self.instances[event.device]
                 if event.epoch != instance.epoch:
                     continue
+                done = instance.finish_due(now)
+                if event.device in self.cluster.continuing:
+                    done = self.continuation_over(event.device, instance, done)
                 # reported one chunk at a time; the policy may move groups off this device meanwhile
-                self.unreported = (event.device, [[c, n] for c, n in self.completed_groups(instance.finish_due(now))])
+                self.unreported = (event.device, [[c, n] for c, n in self.completed_groups(done)])
                 while self.unreported[1]:
                     chunk, groups = self.unreported[1].pop(0)
                     if groups:
@@ -560,6 +564,18 @@ class Simulator:
         if source.done:  # other groups that finished at this instant: reported now, whatever runs there
             self.push(now, Tick(action.source, source.epoch))
         self.dirty.update((action.source, action.device))
+
+    def continuation_over(self, device: int, instance: Any, done: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+        """Groups moved onto ``device`` where moved requests do not join a running batch (the live runtime)
+        run there as one continuation, which reports them all when its last one ends (``Worker.continue_groups``,
+        one engine call): until then the ones that end are held back, so a streamed step does not take them
+        earlier than the runtime would."""
+        held = self.continued_done.setdefault(device, [])
+        held += done
+        if instance.left:
+            return []
+        del self.continued_done[device]
+        return held
 
     def count_as_done_on(self, action: ev.Migrate, short: int) -> None:
         """``short`` groups of the migration finished on the source at this instant, before the bookkeeping
