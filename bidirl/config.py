@@ -26,7 +26,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from bidirl.engines import JOINS_RUNNING_BATCH, ROLLOUT_ENGINES, TRAIN_ENGINES
+from bidirl.engines import CONTINUOUS_BATCHING, ROLLOUT_ENGINES, TRAIN_ENGINES
 from bidirl.errors import ConfigError
 from bidirl.grpo import CORRECTIONS
 from bidirl.perf.analytic import HARDWARE, MODELS
@@ -285,8 +285,9 @@ class PipelineConfig:
         """What the live runtime can do with this config (every config: a streamed step computes its
         micro-batches as unnormalised sums and scales the gradient once its batch is complete, by the one
         normaliser loss and KL share -- the batch's tokens, or its sequences; ``launch.inflight_groups`` a
-        rollout device holds at once)."""
-        return dataclasses.replace(LIVE, inflight_groups=self.launch.inflight_groups)
+        rollout device holds at once; whether the rollout engine reports each group as it ends)."""
+        return dataclasses.replace(LIVE, inflight_groups=self.launch.inflight_groups,
+                                   reports_groups=self.rollout.engine in CONTINUOUS_BATCHING)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> PipelineConfig:
@@ -566,10 +567,10 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     if held and held < cfg.launch.chunk_groups:
         raise ConfigError(f"{source}: key 'launch.inflight_groups' must be 0 (one chunk at a time) or at least "
                           f"launch.chunk_groups={cfg.launch.chunk_groups}; got {held}")
-    if held and cfg.rollout.engine not in JOINS_RUNNING_BATCH:
+    if held and cfg.rollout.engine not in CONTINUOUS_BATCHING:
         # (the bookkeeping would count chunks as decoding together that the engine runs one after the other)
         raise ConfigError(f"{source}: key 'launch.inflight_groups' needs a rollout engine that batches continuously "
-                          f"({', '.join(sorted(JOINS_RUNNING_BATCH))}); rollout.engine={cfg.rollout.engine} runs "
+                          f"({', '.join(sorted(CONTINUOUS_BATCHING))}); rollout.engine={cfg.rollout.engine} runs "
                           "one chunk after the other")
     if cfg.launch.lease_timeout_s < 0:
         raise ConfigError(f"{source}: key 'launch.lease_timeout_s' must be 0 (derived from the run) or a number of seconds")

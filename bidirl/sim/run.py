@@ -219,7 +219,8 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     policy, cluster = run.policy, run.cluster
     costs = CalibratedCosts(perf, workload, G, cluster.steps, cfg.seed, switch_s=switch_s)
     pull = cfg.train.micro_batch_size if simulator_can.pulls_micro_batches else 0
-    simulator = Simulator(cluster, policy, costs, pull_samples=pull, lease_timeout_s=cfg.launch.lease_timeout_s)
+    simulator = Simulator(cluster, policy, costs, pull_samples=pull, lease_timeout_s=cfg.launch.lease_timeout_s,
+                          whole_calls=not simulator_can.reports_groups)
     simulator.run()
     makespan = cluster.now
     samples = cluster.trained_groups * G

@@ -272,7 +272,10 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 class Simulator:
     def __init__(self, cluster: Cluster, policy: Any, costs: Any, max_events: int = 50_000_000,
-                 pull_samples: int = 0, stalls: Optional[Dict[int, float]] = None, lease_timeout_s: float = 0.0):
+                 pull_samples: int = 0, stalls: Optional[Dict[int, float]] = None, lease_timeout_s: float = 0.0,
+                 whole_calls: bool = False):
+        """``whole_calls``: the rollout engine reports a chunk's groups when the chunk ends, not each as its
+        last sequence does (``DriverCapabilities.reports_groups``)."""
         self.cluster, self.policy, self.costs, self.max_events = cluster, policy, costs, max_events
         self.pull_samples = pull_samples  # samples per pulled micro-batch (0: work divides continuously)
         # fault injection: device -> seconds it hangs in its first micro-batch as a borrowed device; a lease
@@ -298,7 +301,9 @@ class Simulator:
         self.fed = 0  # parts of the step's batch turned into work (a streamed step gets more as they finish)
         self.step_epochs = itertools.count()
         self.unreported: Tuple[int, List[List[int]]] = (-1, [])  # (device, [chunk, groups]) finished, not yet reported
-        self.continued_done: Dict[int, List[Tuple[int, int]]] = {}  # device -> moved groups ended, held back
+        # device -> groups ended there, not reported until its engine call returns (``reported_when_idle``)
+        self.held_back: Dict[int, List[Tuple[int, int]]] = {}
+        self.whole_calls = whole_calls
         self.warmed: set = set()  # (device, stage) that paid their engine's warm-up
         self.training_now: Any = ()  # devices of the train step in progress (their neighbours decode slower)
         # the host's decoding slows its other decoding down (1.0: devices do not share a host, or older
@@ -326,8 +331,8 @@ class Simulator:
                 if event.epoch != instance.epoch:
                     continue
                 done = instance.finish_due(now)
-                if event.device in self.cluster.continuing:
-                    done = self.continuation_over(event.device, instance, done)
+                if self.whole_calls or event.device in self.cluster.continuing:
+                    done = self.reported_when_idle(event.device, instance, done)
                 # reported one chunk at a time; the policy may move groups off this device meanwhile
                 self.unreported = (event.device, [[c, n] for c, n in self.completed_groups(done)])
                 while self.unreported[1]:
@@ -565,27 +570,35 @@ class Simulator:
             self.push(now, Tick(action.source, source.epoch))
         self.dirty.update((action.source, action.device))
 
-    def continuation_over(self, device: int, instance: Any, done: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
-        """Groups moved onto ``device`` where moved requests do not join a running batch (the live runtime)
-        run there as one continuation, which reports them all when its last one ends (``Worker.continue_groups``,
-        one engine call): until then the ones that end are held back, so a streamed step does not take them
-        earlier than the runtime would."""
-        held = self.continued_done.setdefault(device, [])
+    def reported_when_idle(self, device: int, instance: Any, done: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+        """Groups that end on ``device`` while its engine call runs, held back until the call returns (its
+        instance has nothing left), so a streamed step does not take them earlier than the runtime would:
+          * the groups moved onto a device where moved requests do not join a running batch (the live
+            runtime): one continuation, one engine call (``Worker.continue_groups``);
+          * every chunk, where the engine returns a chunk whole (``whole_calls``: the live HF engine)."""
+        held = self.held_back.setdefault(device, [])
         held += done
         if instance.left:
             return []
-        del self.continued_done[device]
+        del self.held_back[device]
         return held
 
     def count_as_done_on(self, action: ev.Migrate, short: int) -> None:
-        """``short`` groups of the migration finished on the source at this instant, before the bookkeeping
-        heard of it (still in its instance's ``done``, or in the completions of the tick being reported):
-        they are reported done by the target instead, so every group is reported once."""
+        """``short`` groups of the migration finished on the source before the bookkeeping heard of it (at
+        this instant: still in its instance's ``done``, or in the completions of the tick being reported;
+        or earlier, held back until its engine call returns): they are reported done by the target instead,
+        so every group is reported once."""
         chunks, source, now = self.cluster.chunks, self.instances[action.source], self.cluster.now
         finished = [g for g in source.done if chunks[g[0]].version == action.version][:short]
         for group in finished:
             source.done.remove(group)
-        reports, need = self.completed_groups(finished), short - len(finished)
+        need = short - len(finished)
+        held = self.held_back.get(action.source, [])  # ended, held until the engine call returns
+        for group in [g for g in held if chunks[g[0]].version == action.version][:need]:
+            held.remove(group)
+            finished.append(group)
+            need -= 1
+        reports = self.completed_groups(finished)
         device, pending = self.unreported
         for entry in pending if device == action.source else []:
             if need and entry[1] and chunks[entry[0]].version == action.version:
