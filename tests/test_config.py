@@ -131,6 +131,12 @@ def test_a_live_device_holds_one_chunk_or_at_least_a_chunks_groups_in_flight():
         load_config("pipelines/cpu-tiny.yaml", ["launch.chunk_groups=16", "launch.inflight_groups=8"])
 
 
+def test_a_live_run_reports_each_group_as_it_ends_on_vllm_and_a_chunk_whole_on_hf():
+    # (what the simulator, with the live driver's capabilities, holds back: bidirl plan for a launch)
+    assert load_config("pipelines/cpu-tiny.yaml", ["rollout.engine=vllm"]).live_driver().reports_groups
+    assert not load_config("pipelines/cpu-tiny.yaml", ["rollout.engine=hf"]).live_driver().reports_groups
+
+
 def test_chunks_in_flight_together_need_an_engine_that_joins_them_to_its_running_batch():
     with pytest.raises(ConfigError, match=r"'launch.inflight_groups' needs a rollout engine that batches continuously "
                                           r"\(vllm\); rollout.engine=hf runs one chunk after the other"):

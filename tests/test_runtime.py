@@ -134,9 +134,11 @@ def test_every_run_writes_config_metrics_trace_gantt_and_summary(async_run):
     assert set(summary["idle_ratio"]) == {"rollout", "train"}
     assert [point["step"] for point in summary["curve"]] == [0, 2, 4]
     assert (async_run / "checkpoint" / "config.json").is_file()
-    # its RL time ends with its last event, as its trace does: the last version's checkpoint, saved and
-    # sealed after that, is not in it
-    assert summary["rl_seconds"] == pytest.approx(read_jsonl(async_run / "trace.jsonl")[-1]["t"], abs=0.006)
+    # its RL time ends with its last event, as its trace does (give or take an event that changes no
+    # device's state, and the rounding): the last version's checkpoint, saved and sealed after that, is not
+    # in it (it was: 0.54 s against a trace ending at 0.27 s)
+    end = read_jsonl(async_run / "trace.jsonl")[-1]["t"]
+    assert end - 0.006 <= summary["rl_seconds"] < end + 0.1
 
 
 def test_a_steps_wall_time_splits_into_gradient_work_round_trips_and_the_finish(async_run):

@@ -233,7 +233,8 @@ class ChunkGenerated(Reply):
 class GroupsGenerated(Reply):
     """Groups of ``chunk`` whose last sample just finished, while the rest of the chunk still generates
     (an engine that can tell: vLLM); ``seconds`` is the time since the chunk started here. The simulator's
-    instances report each group as it finishes too, so a step streams from the groups already done."""
+    instances report each group as it finishes too, so a step streams from the groups already done (for
+    an engine that returns a chunk whole, HF, they hold them back as it does: ``reports_groups``)."""
 
     chunk: int
     samples: List[Sample]  # rewarded, whole groups

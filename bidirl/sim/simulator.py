@@ -27,7 +27,9 @@ reported as the train pool's tail idle time).
 Two rollout models: :class:`FixedCosts` times a chunk in isolation (tests, tiny examples); a cost model
 with ``make_instance`` gets continuous batching per device (:mod:`bidirl.sim.instance`), where chunks
 share the decode batch, a weight load pauses decoding instead of waiting for a chunk to end, and each
-prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends. Where the
+prompt group completes (``ChunkDone`` of part of a chunk) when its own last sequence ends -- or, where
+the driver's engine call returns groups together (the live HF engine's chunks, live continuations of
+moved groups), when that call would return (``reported_when_idle``). Where the
 performance model says devices share a host (CPU processes), every instance not in the train step
 decodes slower for exactly as long as the step runs, and every instance decodes slower for exactly as
 long as another one decodes too (the larger factor where both). A device's first chunk and first train
@@ -566,8 +568,11 @@ class Simulator:
         short = action.groups - len(groups)
         if short:  # groups that finished at this very instant and are not reported yet: they count as
             self.count_as_done_on(action, short)  # done on the target
-        if source.done:  # other groups that finished at this instant: reported now, whatever runs there
-            self.push(now, Tick(action.source, source.epoch))
+        for device, instance in ((action.source, source), (action.device, target)):
+            # groups that finished at this instant, other than those moved: reported now, whatever runs there;
+            # and groups held back until an engine call returns, where that call has nothing left to run
+            if instance.done or (self.held_back.get(device) and not instance.left):
+                self.push(now, Tick(device, instance.epoch))
         self.dirty.update((action.source, action.device))
 
     def reported_when_idle(self, device: int, instance: Any, done: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -584,20 +589,24 @@ class Simulator:
         return held
 
     def count_as_done_on(self, action: ev.Migrate, short: int) -> None:
-        """``short`` groups of the migration finished on the source before the bookkeeping heard of it (at
-        this instant: still in its instance's ``done``, or in the completions of the tick being reported;
-        or earlier, held back until its engine call returns): they are reported done by the target instead,
-        so every group is reported once."""
+        """``short`` groups of the migration finished on the source before the bookkeeping heard of it:
+          * at this instant (still in its instance's ``done``, or in the completions of the tick being
+            reported): the target reports them done now, so every group is reported once;
+          * earlier, held back until the source's engine call returns (``reported_when_idle``): they go over
+            with the move, finished, and the target reports them with the rest of its continuation, as the
+            live HF engine hands finished groups over and the target's ``ContinueGroups`` returns them."""
         chunks, source, now = self.cluster.chunks, self.instances[action.source], self.cluster.now
         finished = [g for g in source.done if chunks[g[0]].version == action.version][:short]
         for group in finished:
             source.done.remove(group)
         need = short - len(finished)
-        held = self.held_back.get(action.source, [])  # ended, held until the engine call returns
-        for group in [g for g in held if chunks[g[0]].version == action.version][:need]:
+        held = self.held_back.get(action.source, [])
+        moved = [g for g in held if chunks[g[0]].version == action.version][:need]
+        for group in moved:
             held.remove(group)
-            finished.append(group)
-            need -= 1
+        if moved:
+            self.held_back.setdefault(action.device, []).extend(moved)
+            need -= len(moved)
         reports = self.completed_groups(finished)
         device, pending = self.unreported
         for entry in pending if device == action.source else []:
