@@ -99,6 +99,7 @@ def test_a_move_takes_the_oldest_chunks_groups_first_and_within_a_chunk_those_wi
     assert ev.groups_to_move(running, 2) == [(3, 0), (3, 2)]
     assert ev.groups_to_move(running, 4) == [(3, 0), (3, 1), (3, 2), (4, 0)]
     assert ev.choose_groups({0: 1, 2: 4}, [0, 1, 2], 2) == [0, 2]
+    assert ev.per_chunk({4: 1, 3: 2, 5: 0}, 3) == [(3, 2), (4, 1)]  # the controller's asks, chunk by chunk
 
 
 def test_a_migration_needs_a_driver_that_can_move_requests_and_weights_no_older_than_the_groups():

@@ -259,7 +259,7 @@ class Controller:
             # the run's RL work ended with its last event, where its trace, Gantt chart and device-time
             # breakdown end too (and a simulated run's makespan): the loop then waited only for the last
             # version's checkpoint to be saved and sealed, which is not RL time (0.3 s of a 20-step CPU run)
-            rl_seconds = self.report.before_s + self.cluster.now
+            rl_seconds = self.report.rl_seconds(at=self.cluster.now)
             checkpoint = self.ask(self.cluster.primary, msg.SaveCheckpoint(str(self.report.run.path / "checkpoint")),
                                   msg.CheckpointSaved)
             if checkpoint.error:  # the trained weights are not saved: never a run reported ok without them
@@ -767,15 +767,16 @@ class Controller:
         of that version and hand them over; the target continues them (``_groups_handed_over``), or, if the
         source finished them first, they are done on the target from the source's ``ChunkGenerated``."""
         assert action.source != self.cluster.primary, "the primary has no side queue (it never hands groups over)"
-        left, move = action.groups, Move(action.device, set())
-        for chunk in sorted(self.held[action.source]):
-            if left == 0 or self.cluster.chunks[chunk].version != action.version or not self.held[action.source][chunk]:
-                continue
+        move = Move(action.device, set())
+        held = {chunk: n for chunk, n in self.held[action.source].items()
+                if self.cluster.chunks[chunk].version == action.version}
+        split = ev.per_chunk(held, action.groups)
+        assert sum(n for _, n in split) == action.groups, \
+            f"device {action.source} holds fewer than {action.groups} groups of v{action.version}"
+        for chunk, groups in split:
             # (live, only a device's own chunk moves: a target is a lent trainer, which is never a source)
             assert self.cluster.chunks[chunk].device == action.source, \
                 f"device {action.source} would hand over groups of chunk {chunk}, which it continues for another"
-            groups = min(left, self.held[action.source][chunk])
-            left -= groups
             self.held[action.source][chunk] -= groups
             self.held[action.device][chunk] += groups
             self.split_chunks.add(chunk)
@@ -784,7 +785,6 @@ class Controller:
             move.waiting.add(self.next_ask)
             self.mailbox.send_weights(action.source, msg.HandOverGroups(chunk, groups, self.next_ask))
             self.next_ask += 1
-        assert left == 0, f"device {action.source} holds fewer than {action.groups} groups of v{action.version}"
 
     def _rehome(self, action: ev.Rehome) -> None:
         # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig
 from bidirl.rundir import RunDir
 from bidirl.runtime import protocol as msg
 from bidirl.sched.cluster import Cluster
-from bidirl.sched.trace import (median, pool_idle_ratio, steady_step_s, switch_overheads,
-                                time_breakdown)
+from bidirl.sched.trace import idle_and_breakdown, median, steady_step_s, switch_overheads
 from bidirl.ui import say
 
 
@@ -53,9 +52,10 @@ class RunReport:
         """Seconds since this process started training (the scheduler's clock: the trace, the Gantt chart)."""
         return time.perf_counter() - self.t0
 
-    def rl_seconds(self) -> float:
-        """Seconds of training since the run began, a resumed run's time before its checkpoint included."""
-        return self.before_s + self.elapsed()
+    def rl_seconds(self, at: Optional[float] = None) -> float:
+        """Seconds of training since the run began, a resumed run's time before its checkpoint included: until
+        now, or until ``at`` on this process's clock (:meth:`elapsed`)."""
+        return self.before_s + (self.elapsed() if at is None else at)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def checkpoint_state(self, version: int) -> Dict[str, Any]:
@@ -141,8 +141,7 @@ class RunReport:
         homes = {d.index: d.home.value for d in cluster.devices}
         switches = self.switch_figures(cluster.trace)
         at_start = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
-        idle, breakdown = (pool_idle_ratio(cluster.trace, cluster.now, at_start, cluster.step_wait_s),
-                           time_breakdown(cluster.trace, cluster.now, at_start, cluster.step_wait_s))
+        idle, breakdown = idle_and_breakdown(cluster.trace, cluster.now, at_start, cluster.step_wait_s)
         summary = {
             "status": "ok", "policy": policy, "devices": len(cluster.devices), "homes": list(homes.values()),
             "eta": cluster.eta, "steps": cluster.version, "rl_seconds": round(rl_seconds, 2),

@@ -13,6 +13,7 @@ that some driver forgets fails a test, instead of being ignored at run time.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
@@ -132,17 +133,27 @@ def choose_groups(running: Dict[int, int], available: Sequence[int], groups: int
     return sorted(order[:groups])
 
 
+def per_chunk(held: Dict[int, int], groups: int) -> List[Tuple[int, int]]:
+    """How a ``Migrate`` of ``groups`` splits over the source's chunks (``held``: chunk -> groups of the
+    move's version it still holds): (chunk, groups) pairs, the oldest chunk first, as many of each as it
+    holds. The live controller asks the source so; the simulator picks so (``groups_to_move``)."""
+    split: List[Tuple[int, int]] = []
+    for chunk in sorted(held):
+        take = min(groups, held[chunk])
+        if take:
+            split.append((chunk, take))
+            groups -= take
+    return split
+
+
 def groups_to_move(running: Dict[Tuple[int, int], int], groups: int) -> List[Tuple[int, int]]:
     """The (chunk, group) pairs a ``Migrate`` of ``groups`` takes from a source's groups of its version in
-    flight (``running``: their requests still running): chunk by chunk, oldest first, as the live
-    controller asks the source (``Controller._migrate``), and within a chunk by ``choose_groups``."""
+    flight (``running``: their requests still running): split over chunks by ``per_chunk``, and within a
+    chunk by ``choose_groups``, as the live controller asks and the engines answer."""
     chosen: List[Tuple[int, int]] = []
-    for chunk in sorted({c for c, _ in running}):
-        if len(chosen) == groups:
-            break
+    for chunk, take in per_chunk(Counter(c for c, _ in running), groups):
         held = sorted(i for c, i in running if c == chunk)
-        take = choose_groups({i: running[(chunk, i)] for i in held}, held, min(groups - len(chosen), len(held)))
-        chosen += [(chunk, i) for i in take]
+        chosen += [(chunk, i) for i in choose_groups({i: running[(chunk, i)] for i in held}, held, take)]
     return chosen
 
 

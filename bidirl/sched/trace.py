@@ -53,15 +53,31 @@ def pool_idle_ratio(trace: Sequence[dict], end: float, homes: Dict[int, str],
     categories of :func:`time_breakdown`, ``waits`` included). ``homes``: each device's home when the run
     started; a device that re-planning moves is charged to each pool for the time it belonged there (its
     records carry its home)."""
-    return {home: round(sum(parts[c] for c in _IDLE_CATEGORIES) / total, 4) if (total := sum(parts.values())) else 0.0
-            for home, parts in pool_seconds(trace, end, homes, waits).items()}
+    return _idle_ratio(pool_seconds(trace, end, homes, waits))
 
 
 def time_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
                    waits: Optional[Dict[str, float]] = None) -> Dict[str, Dict[str, float]]:
     """Per home pool: the fraction of its device-time in each of :data:`CATEGORIES` (they add up to 1)."""
+    return _shares(pool_seconds(trace, end, homes, waits))
+
+
+def idle_and_breakdown(trace: Sequence[dict], end: float, homes: Dict[int, str],
+                       waits: Optional[Dict[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
+    """:func:`pool_idle_ratio` and :func:`time_breakdown` together, from one walk of the trace (what a
+    run's summary reports, in both drivers)."""
+    seconds = pool_seconds(trace, end, homes, waits)
+    return _idle_ratio(seconds), _shares(seconds)
+
+
+def _idle_ratio(seconds: Dict[str, Dict[str, float]]) -> Dict[str, float]:
+    return {home: round(sum(parts[c] for c in _IDLE_CATEGORIES) / total, 4) if (total := sum(parts.values())) else 0.0
+            for home, parts in seconds.items()}
+
+
+def _shares(seconds: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
     out = {}
-    for home, parts in pool_seconds(trace, end, homes, waits).items():
+    for home, parts in seconds.items():
         total = sum(parts.values()) or 1.0
         out[home] = {category: round(value / total, 4) for category, value in parts.items()}
     return out

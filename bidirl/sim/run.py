@@ -21,7 +21,7 @@ from bidirl.sched.cluster import Cluster
 from bidirl.sched.estimates import Estimates
 from bidirl.sched.policy import POLICIES
 from bidirl.sched.replanning import NO_REPLANNING, LengthReplanner
-from bidirl.sched.trace import pool_idle_ratio, steady_step_s, time_breakdown
+from bidirl.sched.trace import idle_and_breakdown, steady_step_s
 from bidirl.sim.costs import CalibratedCosts, DrawnGroups, bound_of, bound_work, estimates, make_instance
 from bidirl.sim.simulator import Simulator
 
@@ -231,8 +231,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     window_bound = (bound_step(cfg, perf, cluster.eta, costs.drawn if own_workload else None, window)
                     if with_bound else 0.0)
     homes_map = cluster.homes_at_start()  # (a device re-planning moved is charged to each pool in turn)
-    idle, breakdown = (pool_idle_ratio(cluster.trace, makespan, homes_map, cluster.step_wait_s),
-                       time_breakdown(cluster.trace, makespan, homes_map, cluster.step_wait_s))
+    idle, breakdown = idle_and_breakdown(cluster.trace, makespan, homes_map, cluster.step_wait_s)
     return SimResult(policy_name, cluster.eta, run.rollout_devices * k, devices * k, makespan,
                      samples / makespan, costs.tokens() / makespan, makespan / steps, bound,
                      idle, breakdown, dict(cluster.staleness),
