@@ -1,6 +1,6 @@
 """The invariants a live run's record must keep (``replay.check_record``), on records written out here:
 a sample is known by its group and its draw number, not by its tokens, since a short answer is often
-drawn twice."""
+drawn twice; every draw of a step's groups is trained or recorded as left out (zero advantage)."""
 
 from bidirl.runtime.replay import RecordedItem, RecordedStep, check_record
 from bidirl.samples import Sample
@@ -13,9 +13,10 @@ def sample(group: int, draw=None, tokens=(7, 2), version: int = 0) -> Sample:
     return Sample(0, [1], list(tokens), "", [-0.5] * len(tokens), version, extra=extra)
 
 
-def step(k: int, *samples: Sample, groups=None) -> RecordedStep:
+def step(k: int, *samples: Sample, groups=None, untrained=None) -> RecordedStep:
     groups = groups if groups is not None else sorted({s.extra["group"] for s in samples})
-    return RecordedStep(k, groups, 1.0, [0], [], [RecordedItem(0, tuple(samples), 8, len(samples))])
+    return RecordedStep(k, groups, 1.0, [0], [], [RecordedItem(0, tuple(samples), 8, len(samples))],
+                        untrained=untrained)
 
 
 def test_two_draws_of_a_group_that_came_out_alike_are_two_samples():
@@ -40,3 +41,27 @@ def test_a_group_in_two_steps_and_a_token_older_than_eta_are_named():
     record = [step(0, sample(3, 0)), step(1, sample(3, 1), sample(5, 0, version=-1))]
     assert check_record(record, GROUP_SIZE, 1) == ["group 3 trained in steps 0 and 1",
                                                    "step 1 trained a token of version -1 (staleness above 1)"]
+
+
+def test_every_draw_is_trained_or_recorded_as_left_out():
+    trained = [sample(3, 0), sample(3, 2)]
+    assert check_record([step(0, *trained, untrained=[(3, 1), (3, 3)])], GROUP_SIZE, 0) == []
+
+
+def test_a_draw_neither_trained_nor_left_out_is_named_lost():
+    record = [step(0, sample(3, 0), sample(3, 2), groups=[3, 5], untrained=[(3, 3), (5, 0), (5, 1), (5, 2), (5, 3)])]
+    assert check_record(record, GROUP_SIZE, 0) == ["step 0 lost draw [1] of group 3: neither trained nor left out"]
+
+
+def test_a_group_of_the_step_with_nothing_recorded_is_named_lost_whole():
+    record = [step(0, *(sample(3, d) for d in range(GROUP_SIZE)), groups=[3, 5], untrained=[])]
+    assert check_record(record, GROUP_SIZE, 0) == ["step 0 lost draws [0, 1, 2, 3] of group 5: neither trained nor left out"]
+
+
+def test_a_draw_both_trained_and_left_out_is_named():
+    record = [step(0, *(sample(3, d) for d in range(GROUP_SIZE)), untrained=[(3, 2)])]
+    assert check_record(record, GROUP_SIZE, 0) == ["step 0 both trained and left out draw 2 of group 3"]
+
+
+def test_a_record_from_before_untrained_draws_is_not_checked_for_lost_ones():
+    assert check_record([step(0, sample(3, 0))], GROUP_SIZE, 0) == []

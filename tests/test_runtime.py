@@ -250,10 +250,13 @@ def test_a_live_tail_is_stopped_mid_generation_and_finished_by_the_lent_trainer_
     assert set(summary["staleness_histogram"]) <= {"0", "1"} and sum(summary["staleness_histogram"].values()) == 10 * 16
     steps = [r for r in read_jsonl(root / "metrics.jsonl") if "reward_mean" in r]
     assert [r["samples_consumed"] for r in steps] == [16 * 4 * k for k in range(1, 11)]
-    # ... and sample by sample: each trained one is a draw of its group no other trained sample is, moved or not
+    # ... and sample by sample: each trained one is a draw of its group no other trained sample is, moved or not,
+    # and every draw of every group is trained or recorded as left out (zero advantage): none was lost
     record = read_batches(root)
     trained = [s for k in record for item in k.items for s in item.samples]
     assert check_record(record, group_size=4, staleness=1) == [] and all("draw" in s.extra for s in trained)
+    untrained = [draw for k in record for draw in k.untrained]
+    assert len(untrained) + len(trained) == 10 * 16 * 4
     assert trace[-1]["role"] == trace[-1]["home"] and summary["final_version"] == 10
 
 

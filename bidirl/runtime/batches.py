@@ -54,6 +54,9 @@ class Batch:
     grad_scale: float = 1.0  # a streamed batch's normaliser, applied once its gradients are summed
     groups: Tuple[int, ...] = ()  # every prompt group the batch holds, informative or not (batches.jsonl)
     prompts: Tuple[int, ...] = ()  # their problems' positions in the seeded prompt stream (PromptSampler)
+    # the (group, draw) of every sample not trained (zero advantage; batches.jsonl): with the trained ones,
+    # every draw of every group, so a record can name a sample lost on the way
+    untrained: Tuple[Tuple[int, int], ...] = ()
 
 
 class RolloutData:
@@ -103,7 +106,7 @@ class RolloutData:
                  for i in range(0, len(informative), size)]
         groups = group_ids(samples)
         return Batch(k, items, batch_stats(k, samples, informative, rollout_s), tuple(samples[:PROBE_SAMPLES]),
-                     groups=groups, prompts=self.prompt_positions(groups))
+                     groups=groups, prompts=self.prompt_positions(groups), untrained=untrained_draws(samples))
 
     def prompt_positions(self, groups: Sequence[int]) -> Tuple[int, ...]:
         """The stream positions of ``groups``' problems, in the groups' order (``prompts[i]`` is ``groups[i]``'s)."""
@@ -174,7 +177,7 @@ class StreamedBatch:
         stats = batch_stats(self.k, self.samples, self.informative, self.rollout_s)
         groups = group_ids(self.samples)
         return Batch(self.k, [], stats, tuple(self.samples[:PROBE_SAMPLES]), grad_scale=scale, groups=groups,
-                     prompts=self.data.prompt_positions(groups))
+                     prompts=self.data.prompt_positions(groups), untrained=untrained_draws(self.samples))
 
 
 def by_group(samples: Sequence[Sample]) -> Dict[int, List[Sample]]:
@@ -192,6 +195,12 @@ def group_ids(samples: Sequence[Sample]) -> Tuple[int, ...]:
 
 def informative_samples(samples: Sequence[Sample]) -> List[Sample]:
     return [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
+
+
+def untrained_draws(samples: Sequence[Sample]) -> Tuple[Tuple[int, int], ...]:
+    """(group, draw) of each of ``samples`` that teaches nothing (set by the worker that generated it)."""
+    return tuple((s.extra["group"], s.extra["draw"]) for s in samples
+                 if s.advantage == 0.0 and "group" in s.extra and "draw" in s.extra)
 
 
 def batch_stats(k: int, samples: Sequence[Sample], informative: Sequence[Sample], rollout_s: float) -> Dict[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from bidirl.config import PipelineConfig, load_config
 from bidirl.samples import Sample
@@ -39,6 +39,8 @@ class RecordedStep:
     lent: List[int]  # of those, rollout devices lent to the step
     items: List[RecordedItem]
     prompts: List[int] = field(default_factory=list)  # their positions in the seeded prompt stream (absent: older)
+    # (group, draw) of each sample of the step not trained (zero advantage); None: a record from before it
+    untrained: Optional[List[Tuple[int, int]]] = None
 
 
 def read_batches(run_path: str | Path) -> List[RecordedStep]:
@@ -47,8 +49,10 @@ def read_batches(run_path: str | Path) -> List[RecordedStep]:
         row = json.loads(line)
         items = [RecordedItem(i["device"], tuple(Sample(**s) for s in i["samples"]), i["total_tokens"],
                               i["total_sequences"]) for i in row["items"]]
+        untrained = row.get("untrained")
         steps.append(RecordedStep(row["step"], row["groups"], row["grad_scale"], row["members"], row["lent"], items,
-                                  row.get("prompts", [])))
+                                  row.get("prompts", []),
+                                  None if untrained is None else [(g, d) for g, d in untrained]))
     return steps
 
 
@@ -56,8 +60,10 @@ def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -
     """What is wrong with a run's record (empty: nothing). Steps come in version order, one each; every
     group, and every problem drawn from the prompt stream, is trained in one step only; every trained
     sample belongs to its step's groups and appears once (by its draw number within the group, ``extra
-    ["draw"]``: two draws of a short answer are often alike; records from before it: by content); no
-    token is more than ``staleness`` versions older than the step that trains it."""
+    ["draw"]``: two draws of a short answer are often alike; records from before it: by content); every
+    draw of every group is either trained or recorded as untrained, so none was lost (records from before
+    ``untrained``: not checked); no token is more than ``staleness`` versions older than the step that
+    trains it."""
     problems: List[str] = []
     if [s.step for s in steps] != list(range(len(steps))):
         problems.append(f"steps out of order or missing: {[s.step for s in steps]}")
@@ -91,6 +97,7 @@ def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -
                 oldest = min(sample.versions(), default=sample.version)
                 if step.step - oldest > staleness:
                     problems.append(f"step {step.step} trained a token of version {oldest} (staleness above {staleness:g})")
+        problems += lost_draws(step, seen_samples, group_size)
         counts: Dict[Any, int] = {}
         for item in step.items:
             for sample in item.samples:
@@ -98,6 +105,24 @@ def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -
         over = {g: n for g, n in counts.items() if n > group_size}
         if over:
             problems.append(f"step {step.step}: groups with more than {group_size} samples: {over}")
+    return problems
+
+
+def lost_draws(step: RecordedStep, trained: set, group_size: int) -> List[str]:
+    """Draws of ``step``'s groups neither trained (``trained``: the (group, draw) keys seen) nor recorded as
+    untrained, and draws recorded as both."""
+    if step.untrained is None:
+        return []
+    problems = []
+    untrained = set(step.untrained)
+    for group, draw in sorted(untrained & trained):
+        problems.append(f"step {step.step} both trained and left out draw {draw} of group {group}")
+    accounted = trained | untrained
+    for group in step.groups:
+        lost = [d for d in range(group_size) if (group, d) not in accounted]
+        if lost:
+            problems.append(f"step {step.step} lost draw{'s' if len(lost) > 1 else ''} {lost} of group {group}: "
+                            "neither trained nor left out")
     return problems
 
 

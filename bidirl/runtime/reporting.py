@@ -85,7 +85,7 @@ class RunReport:
                   "samples": [dataclasses.asdict(s) for s in item.samples]}
                  for device in sorted(computed) for item in computed[device]]
         line = {"step": batch.step, "groups": list(batch.groups), "prompts": list(batch.prompts),
-                "grad_scale": batch.grad_scale,
+                "untrained": [list(draw) for draw in batch.untrained], "grad_scale": batch.grad_scale,
                 "members": list(members), "lent": list(lent), "items": items}
         with open(self.run.path / "batches.jsonl", "a") as out:
             out.write(json.dumps(line) + "\n")
