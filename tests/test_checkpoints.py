@@ -342,3 +342,41 @@ def test_a_failed_runs_error_is_the_first_line_that_says_something(tmp_path):
 
     RunDir(small_config(), path=tmp_path / "run").finish_after(ValueError("\n  bad shard: model-00002\n(details)"))
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["error"] == "ValueError: bad shard: model-00002"
+
+
+def test_a_resume_starts_on_the_partition_its_checkpoint_was_taken_on_not_the_configured_split(tmp_path):
+    """Re-planning moved a rollout device to the train pool before the checkpoint: the resumed run starts
+    there, with the same primary trainer, not on the configured 2 rollout / 1 train."""
+    from bidirl.runtime.checkpoints import Checkpoint, partition
+    from bidirl.sched.assembly import assemble
+    from bidirl.sched.roles import Role
+    from tests.builders import small_config
+
+    cfg = small_config("cluster.devices=3", "cluster.rollout_devices=2", "launch.mode=areal")
+    taken = Checkpoint(tmp_path, 4, {"policy": "areal", "homes": ["rollout", "train", "train"], "primary": 2})
+    cluster = assemble("areal", cfg.run_shape(), cfg.live_driver(), resumed=partition(taken, "areal", 3)).cluster
+    assert [d.home for d in cluster.devices] == [Role.ROLLOUT, Role.TRAIN, Role.TRAIN] and cluster.primary == 2
+    configured = assemble("areal", cfg.run_shape(), cfg.live_driver()).cluster
+    assert [d.home for d in configured.devices] == [Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN]
+
+
+def test_a_checkpoint_of_another_policy_or_device_count_resumes_on_the_configured_split(tmp_path):
+    from bidirl.runtime.checkpoints import Checkpoint, partition
+
+    taken = Checkpoint(tmp_path, 4, {"policy": "areal", "homes": ["rollout", "train", "train"], "primary": 2})
+    assert partition(taken, "bidirl", 3) is None and partition(taken, "areal", 4) is None
+    before_homes = Checkpoint(tmp_path, 4, {"policy": "areal"})
+    assert partition(before_homes, "areal", 3) is None
+    # one from before the primary was kept: its first home trainer (each resumes the same trainer state)
+    before_primary = Checkpoint(tmp_path, 4, {"policy": "areal", "homes": ["rollout", "train", "train"]})
+    assert partition(before_primary, "areal", 3)[1] == 1
+
+
+def test_a_resumed_partition_without_its_primary_in_the_train_pool_is_refused_in_one_line():
+    from bidirl.sched.assembly import assemble
+    from bidirl.sched.roles import Role
+    from tests.builders import small_config
+
+    cfg = small_config("cluster.devices=2", "launch.mode=areal")
+    with pytest.raises(ValueError, match=r"the resumed partition \['train', 'rollout'\] \(primary 1\) does not fit"):
+        assemble("areal", cfg.run_shape(), cfg.live_driver(), resumed=([Role.TRAIN, Role.ROLLOUT], 1))

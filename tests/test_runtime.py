@@ -370,6 +370,14 @@ def test_a_live_run_replans_on_measured_lengths_and_a_new_trainer_steps_an_ident
     assert trained and all(r["home"] == r["role"] == "train" for r in trained)  # a home trainer from then on
     assert summary["replica_checks"] == 6  # after every step, every home trainer's weights equalled the primary's
     assert max(int(k) for k in summary["staleness_histogram"]) <= 1
+    # resumed for two more steps: it starts on the partition re-planning left, not on the configured split
+    more = launch(tmp_path, "cluster.devices=3", "cluster.rollout_devices=2", "launch.mode=areal",
+                  "algorithm.staleness=1", "train.steps=8", "cluster.replan_every=2",
+                  f"sim.profile={tmp_path / 'profile.json'}", "--resume", str(root))
+    assert more.returncode == 0, more.stderr[-3000:]
+    resumed = json.loads((root / "summary.json").read_text())
+    assert resumed["resumed"]["from_version"] == 6 and resumed["final_version"] == 8
+    assert resumed["resumed"]["homes"] == summary["homes"] and resumed["homes"] == summary["homes"]
 
 
 def test_a_fractional_staleness_bound_is_refused_by_version_bounded_policies_before_launch(tmp_path):

@@ -19,7 +19,9 @@ How a checkpoint is written (so that a crash at any moment leaves the previous o
 3. only then are checkpoints beyond the last K removed.
 
 Resuming takes the newest ``vNNNNN`` whose manifest verifies; one that does not (a torn copy, a flipped
-bit, a file missing) is skipped with a warning and the one before it is used.
+bit, a file missing) is skipped with a warning and the one before it is used. The run resumes on the
+partition the checkpoint was taken on (:func:`partition`), which re-planning may have moved away from
+the configured split: every device loads the checkpoint, so each takes up its role as it was.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from bidirl.errors import BidirlError
+from bidirl.sched.roles import Role
 
 if TYPE_CHECKING:
     from bidirl.config import PipelineConfig
@@ -144,6 +147,19 @@ def check_compatible(checkpoint: Checkpoint, cfg: "PipelineConfig", finishing: b
     if checkpoint.version > cfg.train.steps or (checkpoint.version == cfg.train.steps and not finishing):
         raise BidirlError(f"{checkpoint.path}: the checkpoint is at version {checkpoint.version}, and train.steps="
                           f"{cfg.train.steps}: nothing is left to train (raise train.steps to continue)")
+
+
+def partition(checkpoint: Checkpoint, policy: str, devices: int) -> Optional[Tuple[List[Role], int]]:
+    """The homes and primary trainer ``checkpoint`` was taken with, to resume a run of ``policy`` on
+    ``devices`` devices on them; None where they do not apply -- another policy or device count, or a
+    checkpoint from before they were kept (the run starts on the configured split). A checkpoint without
+    its primary (older) gets its first home trainer: every trainer resumes the same state."""
+    state = checkpoint.state
+    if state.get("policy") != policy or len(state.get("homes", ())) != devices:
+        return None
+    homes = [Role(home) for home in state["homes"]]
+    primary = state.get("primary", homes.index(Role.TRAIN) if Role.TRAIN in homes else 0)
+    return homes, primary
 
 
 def _sha256(path: Path) -> str:

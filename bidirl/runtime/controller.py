@@ -174,7 +174,13 @@ class Controller:
                 raise BidirlError("cluster.replan_every needs the planner: start the runtime with `bidirl launch`")
             self.replanner = LengthReplanner(cfg.cluster.replan_every, self.trained_lengths.mean_since_last_asked,
                                              choose)
-        assembly = assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), self.measured, self.replanner)
+        # a resumed run starts where its checkpoint was: re-planning may have moved devices from the configured split
+        resumed = checkpoints.partition(resume, cfg.launch.mode, devices) if resume is not None else None
+        try:
+            assembly = assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), self.measured, self.replanner,
+                                resumed=resumed)
+        except ValueError as exc:  # (only a resumed partition can fail here: launch checked the configured one)
+            raise BidirlError(f"{resume.path if resume else 'the run'}: {exc}") from None
         self.policy, self.cluster = assembly.policy, assembly.cluster
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
         self.data.sampler  # reads the problems now, before the run's clock starts
@@ -588,8 +594,8 @@ class Controller:
                 "prompts": self.data.cursor(), "untrained_groups": cluster.admitted - cluster.trained_groups,
                 "next_group": cluster.next_group,
                 "staleness": {str(k): v for k, v in cluster.staleness.items()},
-                "homes": [d.home.value for d in cluster.devices], "policy": self.policy.label,
-                "report": self.report.checkpoint_state(cluster.version)}
+                "homes": [d.home.value for d in cluster.devices], "primary": cluster.primary,
+                "policy": self.policy.label, "report": self.report.checkpoint_state(cluster.version)}
 
     def resume_from(self, resume: Checkpoint, restart: int) -> None:
         state = resume.state
@@ -604,10 +610,12 @@ class Controller:
                 raise BidirlError(f"{resume.path}: its data cursor ('prompts') cannot be resumed ({exc})") from None
         else:  # (a checkpoint written before the cursor kept positions: the stream resumes at version * B)
             self.data.sampler.skip(state["drawn_groups"])
+        homes = [d.home.value for d in self.cluster.devices]
         self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),
-                                   "discarded_groups": state["untrained_groups"], "restart": restart})
+                                   "discarded_groups": state["untrained_groups"], "restart": restart,
+                                   "homes": homes, "primary": self.cluster.primary})
         say(f"resuming from {resume.path} (version {resume.version}; {state['untrained_groups']} groups generated "
-            "but not trained there are generated again)")
+            f"but not trained there are generated again), homes {homes}, primary trainer {self.cluster.primary}")
 
     def check_replicas_agree(self) -> None:
         """Every home trainer stepped the same update on the same state: their weights agree (a device

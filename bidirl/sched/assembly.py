@@ -3,7 +3,9 @@
 The live controller, the simulator and ``bidirl launch``'s pre-flight check all build a run here, so
 the rules are written once:
 
-* the partition: ``rollout_devices`` = 0 means the policy's own default split;
+* the partition: ``rollout_devices`` = 0 means the policy's own default split; a resumed run passes
+  the partition its checkpoint was taken on (``resumed``: re-planning may have moved devices since the
+  start), homes and primary as they were;
 * the staleness bound: :meth:`~bidirl.sched.policy.Policy.effective_eta` (a synchronous policy runs at
   0 whatever the config says), checked against what the policy can keep (whole versions with
   per-group deadlines, any fraction when only counted);
@@ -23,7 +25,7 @@ Impossible combinations raise ``ValueError`` with a one-line message naming the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional, Sequence, Tuple
 
 from bidirl.sched.cluster import Cluster, TailPlacement, check_staleness
 from bidirl.sched.estimates import NO_ESTIMATES, EstimatesProvider
@@ -90,7 +92,9 @@ class Assembly:
 
 
 def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
-             estimates: EstimatesProvider = NO_ESTIMATES, replanner: Replanner = NO_REPLANNING) -> Assembly:
+             estimates: EstimatesProvider = NO_ESTIMATES, replanner: Replanner = NO_REPLANNING,
+             resumed: Optional[Tuple[Sequence[Role], int]] = None) -> Assembly:
+    """``resumed``: (homes, primary) to start from instead of the configured split."""
     if replanner is not NO_REPLANNING and not driver.rehomes:
         raise ValueError("this driver cannot move a device to another home pool at run time (Rehome)")
     policy = build_policy(policy_name, estimates, shape.batch_groups, replanner)
@@ -98,6 +102,12 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
         raise ValueError(f"policy '{policy.label}' runs a rollout pool and a train pool: it needs 2 devices or more "
                          f"(whole instances where cluster.instance_devices > 1), got {shape.devices}")
     homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
+    primary = None
+    if resumed is not None:
+        homes, primary = list(resumed[0]), resumed[1]
+        if len(homes) != shape.devices or not 0 <= primary < len(homes) or homes[primary] is not Role.TRAIN:
+            raise ValueError(f"the resumed partition {[h.value for h in homes]} (primary {primary}) does not fit "
+                             f"{shape.devices} devices with the primary at home in the train pool")
     eta = policy.effective_eta(shape.staleness)
     check_staleness(eta, policy.deadlines)
     u = shape.updates_per_sync
@@ -107,7 +117,7 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
     u = 1 if policy.deadlines else u  # streamed local updates are veRL fully-async's (count-only) mechanism
     if shape.batch_groups % u:
         raise ValueError(f"algorithm.updates_per_sync={u} must divide train.prompts_per_step={shape.batch_groups}")
-    cluster = Cluster(homes, shape.batch_groups // u, eta, shape.steps * u, shape.chunk_groups,
+    cluster = Cluster(homes, shape.batch_groups // u, eta, shape.steps * u, shape.chunk_groups, primary=primary,
                       inflight_groups=driver.inflight_groups, interruptible=driver.interruptible,
                       deadlines=policy.deadlines, updates_per_sync=u, allows_join=driver.allows_join,
                       streams=policy.streams_gradients and driver.streams_gradients and policy.deadlines,
