@@ -48,6 +48,11 @@ def files(tmp: Path) -> dict:
     (done / "config.yaml").write_text("name: done\n")
     (done / "summary.json").write_text(json.dumps({"status": "ok"}))
     seal(done / "checkpoints" / ".partial-v00006", {"version": 6, "groups_per_step": 16}, 3)
+    moved = tmp / "moved-run"  # a checkpoint at version 2 whose partition has its primary in the rollout pool
+    (moved / "checkpoints" / ".partial-v00002").mkdir(parents=True)
+    (moved / "config.yaml").write_text("name: moved\n")
+    seal(moved / "checkpoints" / ".partial-v00002", {"version": 2, "groups_per_step": 16, "policy": "async",
+                                                      "homes": ["train", "rollout"], "primary": 1}, 3)
     return {"tmp": tmp}
 
 
@@ -131,6 +136,9 @@ CASES = {
                                            "train.prompts_per_step=16"], "nothing is left to train"),
     "resume with fewer steps than trained": (["launch", TINY, "--resume", "{tmp}/done-run", "train.steps=3",
                                               "train.prompts_per_step=16"], "nothing is left to train"),
+    "resume on a partition without its primary trainer": (["launch", TINY, "--resume", "{tmp}/moved-run",
+                                                           "cluster.devices=2", "launch.mode=async",
+                                                           "train.prompts_per_step=16"], "(primary 1) does not fit"),
     "resume a pipeline run without its launch": (["run", TINY, "stages=[plan,launch]", "--resume", "{tmp}/old-run"],
                                                  "old-run/launch: not a run directory"),
     # names

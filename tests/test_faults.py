@@ -126,7 +126,8 @@ def test_a_killed_primary_trainer_loses_no_step_and_applies_none_twice_nor_any_p
     trained = [position for step in read_batches(run) for position in step.prompts]
     assert len(trained) == STEPS * 8 and len(set(trained)) == len(trained)
     assert set(redo) <= set(trained)
-    assert check_record(read_batches(run), group_size=4, staleness=1) == []  # no group number reused either
+    # no group number reused either, and every draw of every group trained or left out
+    assert check_record(read_batches(run), group_size=4, staleness=1, groups_per_step=8) == []
 
 
 def frozen_in_a_lease(run: Path, launcher: subprocess.Popen, device: int) -> bool:

@@ -65,3 +65,15 @@ def test_a_draw_both_trained_and_left_out_is_named():
 
 def test_a_record_from_before_untrained_draws_is_not_checked_for_lost_ones():
     assert check_record([step(0, sample(3, 0))], GROUP_SIZE, 0) == []
+
+
+def test_a_draw_left_out_twice_or_beyond_the_group_size_is_named():
+    record = [step(0, sample(3, 0), sample(3, 1), untrained=[(3, 2), (3, 3), (3, 3), (3, 4)])]
+    assert check_record(record, GROUP_SIZE, 0) == ["step 0 left out draw 3 of group 3 twice",
+                                                   "step 0 left out draw 4 of group 3 (groups of 4)"]
+
+
+def test_a_step_short_of_its_groups_is_named_when_the_batch_size_is_given():
+    whole = [step(0, *(sample(g, d) for g in (3, 5) for d in range(GROUP_SIZE)), untrained=[])]
+    assert check_record(whole, GROUP_SIZE, 0, groups_per_step=2) == []
+    assert check_record(whole, GROUP_SIZE, 0, groups_per_step=3) == ["step 0 holds 2 groups, not 3"]

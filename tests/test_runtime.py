@@ -254,7 +254,8 @@ def test_a_live_tail_is_stopped_mid_generation_and_finished_by_the_lent_trainer_
     # and every draw of every group is trained or recorded as left out (zero advantage): none was lost
     record = read_batches(root)
     trained = [s for k in record for item in k.items for s in item.samples]
-    assert check_record(record, group_size=4, staleness=1) == [] and all("draw" in s.extra for s in trained)
+    assert check_record(record, group_size=4, staleness=1, groups_per_step=16) == []
+    assert all("draw" in s.extra for s in trained)
     untrained = [draw for k in record for draw in k.untrained]
     assert len(untrained) + len(trained) == 10 * 16 * 4
     assert trace[-1]["role"] == trace[-1]["home"] and summary["final_version"] == 10
@@ -566,17 +567,17 @@ def test_borrowed_gradients_change_where_the_work_ran_and_nothing_else(tmp_path)
     from bidirl.runtime.replay import check_record, read_batches, replay
 
     eta = 0  # (at eta 1 this small run's rollout device is never blocked, so it never trains)
+    # micro-batches of 2: a step has few informative samples here, and in micro-batches of 8 the home trainer
+    # alone could take all of them before the lent device had switched (it did once, on a loaded machine)
     root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl-nostream", f"algorithm.staleness={eta}",
-                          "train.prompts_per_step=32", "train.steps=6", "train.micro_batch_size=8",
+                          "train.prompts_per_step=32", "train.steps=6", "train.micro_batch_size=2",
                           "logging.record_batches=true", "seed=3")
     summary = json.loads((root / "summary.json").read_text())
     assert summary["leases"]["train->rollout"]["leases"] > 0 and summary["leases"]["rollout->train"]["leases"] > 0
     steps = read_batches(root)
     assert len(steps) == 6 and any(s.lent for s in steps)  # a rollout device computed gradients of some steps
     assert any(item.device in s.lent for s in steps for item in s.items)
-    assert check_record(steps, group_size=4, staleness=eta) == []
-    assert sorted(g for s in steps for g in s.groups) == sorted(set(g for s in steps for g in s.groups))
-    assert all(len(s.groups) == 32 for s in steps)
+    assert check_record(steps, group_size=4, staleness=eta, groups_per_step=32) == []
 
     (model,) = (tmp_path / "cache").iterdir()
     live = load_file(str(root / "checkpoint" / "model.safetensors"))

@@ -189,7 +189,8 @@ def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:
 def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
     """``--resume RUN``: a run directory with a checkpoint that verifies, checked before anything starts
     (a newer one that does not verify is skipped with a warning, as the controller will)."""
-    from bidirl.runtime.checkpoints import FOLDER, check_compatible, latest_good, sealed
+    from bidirl.runtime.checkpoints import FOLDER, check_compatible, latest_good, partition, sealed
+    from bidirl.sched.assembly import assemble
     from bidirl.ui import say
 
     if not run_path or not os.path.isdir(run_path) or not os.path.isfile(os.path.join(run_path, "config.yaml")):
@@ -206,6 +207,12 @@ def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
     # here, not after torchrun has started every process; a run that died after its last step (no summary
     # that says it finished) may resume at its last version: that finishes it
     check_compatible(checkpoint, cfg, finishing=not finished(run_path))
+    resumed = partition(checkpoint, cfg.launch.mode, cfg.cluster.devices)  # where the run resumes (re-planned?)
+    if resumed is not None:
+        try:
+            assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), resumed=resumed)
+        except ValueError as exc:
+            raise BidirlError(f"--resume {run_path}: {checkpoint.path}: {exc}") from None
     for warning in warnings:
         say(warning)
 

@@ -56,20 +56,24 @@ def read_batches(run_path: str | Path) -> List[RecordedStep]:
     return steps
 
 
-def check_record(steps: List[RecordedStep], group_size: int, staleness: float) -> List[str]:
+def check_record(steps: List[RecordedStep], group_size: int, staleness: float,
+                 groups_per_step: Optional[int] = None) -> List[str]:
     """What is wrong with a run's record (empty: nothing). Steps come in version order, one each; every
     group, and every problem drawn from the prompt stream, is trained in one step only; every trained
     sample belongs to its step's groups and appears once (by its draw number within the group, ``extra
     ["draw"]``: two draws of a short answer are often alike; records from before it: by content); every
     draw of every group is either trained or recorded as untrained, so none was lost (records from before
     ``untrained``: not checked); no token is more than ``staleness`` versions older than the step that
-    trains it."""
+    trains it; with ``groups_per_step`` (B), every step holds B groups (a group lost whole is not among a
+    step's groups, which come from its samples)."""
     problems: List[str] = []
     if [s.step for s in steps] != list(range(len(steps))):
         problems.append(f"steps out of order or missing: {[s.step for s in steps]}")
     seen_groups: Dict[int, int] = {}
     seen_prompts: Dict[int, int] = {}
     for step in steps:
+        if groups_per_step is not None and len(step.groups) != groups_per_step:
+            problems.append(f"step {step.step} holds {len(step.groups)} groups, not {groups_per_step}")
         for group in step.groups:
             if group in seen_groups:
                 problems.append(f"group {group} trained in steps {seen_groups[group]} and {step.step}")
@@ -114,7 +118,15 @@ def lost_draws(step: RecordedStep, trained: set, group_size: int) -> List[str]:
     if step.untrained is None:
         return []
     problems = []
-    untrained = set(step.untrained)
+    untrained: set = set()
+    for group, draw in step.untrained:
+        if not 0 <= draw < group_size:
+            problems.append(f"step {step.step} left out draw {draw} of group {group} (groups of {group_size})")
+        if group not in step.groups:
+            problems.append(f"step {step.step} left out a sample of group {group}, not one of its groups")
+        if (group, draw) in untrained:
+            problems.append(f"step {step.step} left out draw {draw} of group {group} twice")
+        untrained.add((group, draw))
     for group, draw in sorted(untrained & trained):
         problems.append(f"step {step.step} both trained and left out draw {draw} of group {group}")
     accounted = trained | untrained
