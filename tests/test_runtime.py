@@ -376,6 +376,8 @@ def test_a_live_run_replans_on_measured_lengths_and_a_new_trainer_steps_an_ident
     assert trained and all(r["home"] == r["role"] == "train" for r in trained)  # a home trainer from then on
     assert summary["replica_checks"] == 6  # after every step, every home trainer's weights equalled the primary's
     assert max(int(k) for k in summary["staleness_histogram"]) <= 1
+    # who is where, as a dead rank's role is named from it: rewritten at the move
+    assert [d["home"] for d in json.loads((root / "devices.json").read_text())] == summary["homes"]
     # resumed for two more steps: it starts on the partition re-planning left, not on the configured split
     more = launch(tmp_path, "cluster.devices=3", "cluster.rollout_devices=2", "launch.mode=areal",
                   "algorithm.staleness=1", "train.steps=8", "cluster.replan_every=2",

@@ -191,10 +191,7 @@ class Controller:
         elif restart:  # a process died before the first checkpoint: the run starts over, and says so
             self.report.resumed = {"from_version": 0, "checkpoint": None, "discarded_groups": None, "restart": restart}
             run.log(0, event="resumed", **self.report.resumed)
-        # who is where, for whoever reads the run while it runs (bidirl.runtime.elastic names a dead rank's role)
-        (run.path / "devices.json").write_text(json.dumps(
-            [{"device": d, "rank": d + 1, "home": home.value, "primary": d == self.cluster.primary}
-             for d, home in enumerate(assembly.homes)]))
+        self.write_devices()
         self.mailbox.publish("plan", msg.Plan(self.cluster.primary, tuple(assembly.homes), str(run.path),
                                               migrates=self.cluster.allows_migration and self.policy.migrates
                                               and devices > 1,
@@ -794,9 +791,17 @@ class Controller:
             self.mailbox.send_weights(action.source, msg.HandOverGroups(chunk, groups, self.next_ask))
             self.next_ask += 1
 
+    def write_devices(self) -> None:
+        """Who is where, for whoever reads the run while it runs (:mod:`bidirl.runtime.elastic` names a dead
+        rank's role from it): written at the start, and again whenever re-planning moves a device."""
+        (self.report.run.path / "devices.json").write_text(json.dumps(
+            [{"device": d.index, "rank": d.index + 1, "home": d.home.value, "primary": d.index == self.cluster.primary}
+             for d in self.cluster.devices]))
+
     def _rehome(self, action: ev.Rehome) -> None:
         # at a step boundary (the bookkeeping asserts it) and before any next step is sent: the primary
         # shares the state of the current version, which the bookkeeping gives the new trainer
+        self.write_devices()  # (the bookkeeping has moved it)
         if action.home is not Role.TRAIN:
             self.mailbox.send(action.device, msg.ChangeHome(action.home))
             return
