@@ -193,14 +193,19 @@ def group_ids(samples: Sequence[Sample]) -> Tuple[int, ...]:
     return tuple(sorted({s.extra["group"] for s in samples if "group" in s.extra}))
 
 
+def teaches(sample: Sample) -> bool:
+    return sample.advantage != 0.0  # all-equal groups teach nothing
+
+
 def informative_samples(samples: Sequence[Sample]) -> List[Sample]:
-    return [s for s in samples if s.advantage != 0.0]  # all-equal groups teach nothing
+    return [s for s in samples if teaches(s)]
 
 
 def untrained_draws(samples: Sequence[Sample]) -> Tuple[Tuple[int, int], ...]:
-    """(group, draw) of each of ``samples`` that teaches nothing (set by the worker that generated it)."""
+    """(group, draw) of each of ``samples`` not trained, as it teaches nothing (set by the worker that
+    generated it)."""
     return tuple((s.extra["group"], s.extra["draw"]) for s in samples
-                 if s.advantage == 0.0 and "group" in s.extra and "draw" in s.extra)
+                 if not teaches(s) and "group" in s.extra and "draw" in s.extra)
 
 
 def batch_stats(k: int, samples: Sequence[Sample], informative: Sequence[Sample], rollout_s: float) -> Dict[str, Any]:

@@ -101,9 +101,10 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
     if shape.devices < 2 and not policy.synchronous:  # (before the default split is asked of one device)
         raise ValueError(f"policy '{policy.label}' runs a rollout pool and a train pool: it needs 2 devices or more "
                          f"(whole instances where cluster.instance_devices > 1), got {shape.devices}")
-    homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
-    primary = None
-    if resumed is not None:
+    if resumed is None:
+        homes = policy.homes(shape.devices, shape.rollout_devices or policy.default_rollout_devices(shape.devices))
+        primary = None
+    else:
         homes, primary = list(resumed[0]), resumed[1]
         if len(homes) != shape.devices or not 0 <= primary < len(homes) or homes[primary] is not Role.TRAIN:
             raise ValueError(f"the resumed partition {[h.value for h in homes]} (primary {primary}) does not fit "
