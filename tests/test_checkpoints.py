@@ -360,6 +360,17 @@ def test_a_resume_starts_on_the_partition_its_checkpoint_was_taken_on_not_the_co
     assert [d.home for d in configured.devices] == [Role.ROLLOUT, Role.ROLLOUT, Role.TRAIN]
 
 
+def test_a_rollout_device_that_re_planning_was_moving_to_the_train_pool_starts_there_on_resume(tmp_path):
+    """Device 1 was draining its groups to move (``leaving``) when the checkpoint was taken: a resumed run
+    has nothing to drain, so it starts as a trainer."""
+    from bidirl.runtime.checkpoints import Checkpoint, partition
+    from bidirl.sched.roles import Role
+
+    taken = Checkpoint(tmp_path, 4, {"policy": "areal", "homes": ["rollout", "rollout", "train"], "primary": 2,
+                                     "leaving": [1]})
+    assert partition(taken, "areal", 3) == ([Role.ROLLOUT, Role.TRAIN, Role.TRAIN], 2)
+
+
 def test_a_checkpoint_of_another_policy_or_device_count_resumes_on_the_configured_split(tmp_path):
     from bidirl.runtime.checkpoints import Checkpoint, partition
 

@@ -378,6 +378,9 @@ def test_a_live_run_replans_on_measured_lengths_and_a_new_trainer_steps_an_ident
     assert max(int(k) for k in summary["staleness_histogram"]) <= 1
     # who is where, as a dead rank's role is named from it: rewritten at the move
     assert [d["home"] for d in json.loads((root / "devices.json").read_text())] == summary["homes"]
+    # the last checkpoint keeps the partition, and no move left pending (one would be made on resume)
+    taken = json.loads((root / "checkpoints" / "v00006" / "controller.json").read_text())
+    assert taken["homes"] == summary["homes"] and taken["leaving"] == []
     # resumed for two more steps: it starts on the partition re-planning left, not on the configured split
     more = launch(tmp_path, "cluster.devices=3", "cluster.rollout_devices=2", "launch.mode=areal",
                   "algorithm.staleness=1", "train.steps=8", "cluster.replan_every=2",

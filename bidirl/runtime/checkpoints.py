@@ -153,11 +153,18 @@ def partition(checkpoint: Checkpoint, policy: str, devices: int) -> Optional[Tup
     """The homes and primary trainer ``checkpoint`` was taken with, to resume a run of ``policy`` on
     ``devices`` devices on them; None where they do not apply -- another policy or device count, or a
     checkpoint from before they were kept (the run starts on the configured split). A checkpoint without
-    its primary (older) gets its first home trainer: every trainer resumes the same state."""
+    its primary (older) gets its first home trainer: every trainer resumes the same state.
+
+    Rollout devices that re-planning had picked to move to the train pool (``leaving``: they were
+    draining their groups) start there: a resumed run has nothing in flight to drain, and every trainer
+    loads the whole training state, so the move the run was waiting for is made at once."""
     state = checkpoint.state
     if state.get("policy") != policy or len(state.get("homes", ())) != devices:
         return None
     homes = [Role(home) for home in state["homes"]]
+    for index in state.get("leaving", ()):
+        if homes[index] is Role.ROLLOUT:
+            homes[index] = Role.TRAIN
     primary = state.get("primary", homes.index(Role.TRAIN) if Role.TRAIN in homes else 0)
     return homes, primary
 

@@ -592,6 +592,7 @@ class Controller:
                 "next_group": cluster.next_group,
                 "staleness": {str(k): v for k, v in cluster.staleness.items()},
                 "homes": [d.home.value for d in cluster.devices], "primary": cluster.primary,
+                "leaving": sorted(cluster.leaving),  # (re-planning's moves still pending: made on resume)
                 "policy": self.policy.label, "report": self.report.checkpoint_state(cluster.version)}
 
     def resume_from(self, resume: Checkpoint, restart: int) -> None:
