@@ -237,6 +237,7 @@ def test_a_worker_lost_during_a_weight_publish_never_leaves_a_version_half_appli
         [(r["step"], r.get("fresh_logp_gap")) for r in rows]
 
 
+@pytest.mark.slow  # (the killed-primary test above restarts a run in the default suite)
 def test_a_process_lost_after_the_last_step_is_restarted_to_finish_the_run_not_to_fail_it(tmp_path):
     # device 0 is killed as the final evaluation starts, in attempt 0: every step is trained and the last
     # version's checkpoint sealed. The restart resumes at that version, trains nothing, saves the final

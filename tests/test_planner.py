@@ -491,19 +491,28 @@ def test_the_planning_horizon_adds_eta_steps_where_a_straggler_holds_its_batch_u
     assert steps(2, policy="verl-async") == HORIZON  # count-only staleness: no deadline to hold a batch up
 
 
+def bidirl_at_math_eta_0():
+    return load_config("pipelines/sim-32gpu.yaml", ["sim.workload=math", "train.prompts_per_step=256",
+                                                    "rollout.group_size=8", "algorithm.staleness=0", "train.steps=60",
+                                                    "launch.mode=bidirl"])
+
+
 def test_a_close_call_on_the_planning_horizon_is_settled_on_twice_that_horizon_unless_a_horizon_is_given():
     # bidirl at math eta 0 (the results table's row; at eta 0 bidirl lends almost everything both ways, so
     # the splits score within 2% of each other): on the planner's 24 steps 2/30 leads; on 48 steps 3/29 does
-    cfg = load_config("pipelines/sim-32gpu.yaml", ["sim.workload=math", "train.prompts_per_step=256",
-                                                   "rollout.group_size=8", "algorithm.staleness=0", "train.steps=60",
-                                                   "launch.mode=bidirl"])
+    cfg = bidirl_at_math_eta_0()
     settled = plan(cfg)
     assert settled.horizon_steps == 48 and "scored again on 48 steps" in settled.reason
     assert settled.rollout_devices == 3
     as_asked = plan(cfg, horizon=24)
     assert as_asked.horizon_steps == 24 and as_asked.rollout_devices == 2 and "again" not in as_asked.reason
-    # what a plan lists, and what instance sizes are compared on, is scored on the plan's one horizon (the
-    # one-device plan settles its close call on 48 steps; the other sizes' plans stop at 24)
+
+
+@pytest.mark.slow  # (a minute: six instance sizes planned, each alternative simulated again)
+def test_every_instance_size_a_plan_lists_is_scored_on_the_one_horizon_its_close_call_settled_on():
+    # the one-device plan of the test above settles its close call on 48 steps; the other sizes' plans stop
+    # at 24, and are scored again on 48, so what a plan lists compares alike
+    cfg = bidirl_at_math_eta_0()
     sized = plan(dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=0)))
     assert sized.horizon_steps == 48 and len({a["instance_devices"] for a in sized.alternatives}) > 1
     for listed in sized.alternatives:
