@@ -209,7 +209,9 @@ def test_bidirl_lends_both_ways_live_on_costs_it_measures_and_stays_on_policy(tm
     # (without streamed steps: a step that waits for its whole batch leaves the blocked rollout device
     # a step to join, every time)
     root = successful_run(tmp_path, "cluster.devices=2", "launch.mode=bidirl-nostream", "algorithm.staleness=0",
-                          "train.prompts_per_step=32", "train.steps=6", "train.micro_batch_size=8")
+                          "train.prompts_per_step=32", "train.steps=6", "train.micro_batch_size=2")
+    # (micro-batches of 2: a step of few informative samples is still several, so the blocked rollout
+    # device finds work left when it has switched; with 8 a step could be one or two, gone before it arrived)
     summary = json.loads((root / "summary.json").read_text())
     trace = read_jsonl(root / "trace.jsonl")
     assert summary["leases"]["train->rollout"]["leases"] > 0  # the idle trainer generated ...
@@ -446,7 +448,7 @@ def test_held_out_accuracy_is_plotted_at_the_training_time_its_snapshot_was_take
     evals = [r for r in rows if "eval_accuracy" in r and "stage" not in r]
     assert [r["step"] for r in evals] == [0, 2, 4] and evals[0]["time_s"] == 0.0
     for row in evals[1:]:  # evaluated after training, but placed when that version existed
-        assert row["time_s"] == pytest.approx(trained_at[row["step"]], abs=0.05)
+        assert row["time_s"] == trained_at[row["step"]]
 
 
 def test_snapshots_are_scored_on_the_held_out_problems_the_task_has_not_on_those_asked_for(tmp_path):

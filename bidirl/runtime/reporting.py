@@ -111,7 +111,8 @@ class RunReport:
         self.version_seconds[primary.version] = elapsed
         last_sync = self.sync_seconds[-1] if self.sync_seconds else 0.0
         stats = {k: v for k, v in primary.stats.items() if isinstance(v, (int, float))}
-        self.run.log(primary.version, **{k: v for k, v in batch.items() if k not in ("samples", "tokens")},
+        self.run.log(primary.version, time_s=round(elapsed, 3),  # (the clock the version is placed on in the curve)
+                     **{k: v for k, v in batch.items() if k not in ("samples", "tokens")},
                      **stats, train_s=round(train_s, 4), reduce_s=round(primary.reduce_s, 4),
                      sync_s=round(last_sync, 4), samples_consumed=self.consumed_samples,
                      samples_per_s=self.consumed_samples / elapsed, tokens_per_s=self.consumed_tokens / elapsed)
