@@ -343,6 +343,29 @@ def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_co
     assert trace[-1]["role"] == trace[-1]["home"]  # and the device went home when it answered again
 
 
+@pytest.mark.slow  # (45 s: a 14 s stall in a live run)
+def test_a_lent_device_that_stalls_after_its_last_micro_batch_holds_the_reduce_which_says_for_whom(tmp_path):
+    import os
+
+    # the lent rollout device is SIGSTOPped for 14 s as its first reduce starts: no lease covers that (the
+    # reduce is one collective), so the step waits for it, says so after the lease timeout, and counts it
+    env = {**os.environ, "BIDIRL_FAULT_STALL": "0:14:finish"}
+    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+            *SMALL, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0",
+            "train.prompts_per_step=32", "train.micro_batch_size=8"]
+    result = subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # (the primary, which takes in the lent device's gradients, waits in the same collective: both are named)
+    assert re.search(r"batch \d+: the gradient reduce has waited 10\.\d s for device\(s\) 0 \(lent\), "
+                     r"1 \(the primary trainer\)", " ".join((result.stdout + result.stderr).split()))  # (unwrapped)
+    summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    (slow,) = summary["slow_reduces"]
+    assert slow["waiting_for"] == [0, 1] and summary["expired_leases"] == [] and summary["discarded_grads"] == []
+    metrics = {r["step"] - 1: r for r in read_jsonl(run_dir(tmp_path) / "metrics.jsonl") if "reward_mean" in r}
+    assert metrics[slow["batch"]]["train_devices"] == 2  # its gradients counted: the step waited for them
+    assert summary["final_version"] == 4 and summary["staleness_histogram"] == {"0": 4 * 32}
+
+
 def test_bidirl_started_from_a_profile_lends_before_it_has_measured_anything(tmp_path):
     from tests.test_planner import synthetic_profile
 

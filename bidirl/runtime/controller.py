@@ -140,6 +140,7 @@ class StepInProgress:
     # (sent -> GradsComputed, less its compute), and the finish (FinishStep sent -> last StepDone)
     round_trip_s: float = 0.0
     finish_sent: float = 0.0
+    slow_finish_said: bool = False  # (the reduce's wait for a member past the lease timeout is said once)
 
 
     def batch_step(self) -> int:
@@ -250,6 +251,8 @@ class Controller:
                 bar(self.cluster.version)  # (a resumed run starts part way)
                 while not self.cluster.finished or self.checkpoints_due or self.chunks_open:
                     reply = self.mailbox.next_event(timeout=self.lease_wait())
+                    if reply is None:
+                        self.say_if_the_reduce_waits()
                     events = [self.expire_overdue_lease()] if reply is None else self.translate(reply)
                     for event in filter(None, events):
                         self.cluster.now = self.report.elapsed()
@@ -487,10 +490,33 @@ class Controller:
         return lease_timeout_s(self.cfg.launch.lease_timeout_s, self.slowest_item_s)
 
     def lease_wait(self) -> Optional[float]:
-        """Seconds until the first borrowed device computing a micro-batch overruns its lease (None: none does)."""
+        """Seconds until the first borrowed device computing a micro-batch overruns its lease, or a step's
+        reduce has waited that long for its members (None: neither can happen)."""
         step = self.step
         lent = [sent for device, (_, sent) in step.current.items() if self.cluster.devices[device].lent] if step else []
+        if step is not None and step.finish_sent and not step.slow_finish_said:
+            lent.append(step.finish_sent)
         return max(0.0, min(lent) + self.lease_timeout_s() - time.perf_counter()) if lent else None
+
+    def say_if_the_reduce_waits(self) -> None:
+        """A lease covers a borrowed device's micro-batches, not the reduce after its last one: there every
+        member takes part in one collective, which no device can leave half way. A member that stalls there
+        (a lent device frozen after its last micro-batch, say) holds the step until it answers or the
+        communicators time out. So the wait is said, once, naming whom it waits for; a device that answers
+        late still counts (the step waited for it)."""
+        step, now = self.step, time.perf_counter()
+        if step is None or not step.finish_sent or step.slow_finish_said \
+                or now - step.finish_sent < self.lease_timeout_s():
+            return
+        step.slow_finish_said = True
+        waiting = sorted(self.pending["train"])
+        named = ", ".join(f"{d} ({self.member_role(d)})" for d in waiting)
+        self.report.slow_reduces.append({"t": round(self.report.elapsed(), 3), "batch": step.batch_step(),
+                                         "waiting_for": waiting})
+        # (one stalled member holds the others in the collective too: every member not yet answered is named)
+        say(f"batch {step.batch_step()}: the gradient reduce has waited {now - step.finish_sent:.1f} s for device(s) "
+            f"{named}; it waits until they answer, or until launch.collective_timeout_s="
+            f"{self.cfg.launch.collective_timeout_s:g} s fails the attempt (a restart resumes from the last checkpoint)")
 
     def expire_overdue_lease(self) -> Optional[ev.Event]:
         """A borrowed device overran its micro-batch: it leaves the step, and everything it computed for
@@ -511,6 +537,11 @@ class Controller:
         for member in sorted(set(step.members) - step.computing):
             self.pull(member)
         return ev.LeaseExpired(device)
+
+    def member_role(self, device: int) -> str:
+        if self.cluster.devices[device].lent:
+            return "lent"
+        return "the primary trainer" if device == self.cluster.primary else "home trainer"
 
     def _step_done(self, reply: msg.StepDone) -> Optional[ev.Event]:
         if reply.device == self.cluster.primary:

@@ -36,6 +36,7 @@ class RunReport:
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
         self.stream_wait_s = 0.0  # of the step waits (``Cluster.step_wait_s``), those for groups still generating
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
+        self.slow_reduces: List[Dict[str, Any]] = []  # steps whose reduce waited past the lease timeout, for whom
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.joined_chunks: List[Dict[str, Any]] = []  # chunks that joined a device's batch in flight
         self.checkpoints: List[Dict[str, Any]] = []  # sealed during this run (or since its resume)
@@ -151,7 +152,7 @@ class RunReport:
             "idle_ratio": idle, "time_breakdown": breakdown, "stream_wait_s": round(self.stream_wait_s, 3),
             "step_wait_s": {pool: round(seconds, 3) for pool, seconds in sorted(cluster.step_wait_s.items())},
             "expired_leases": [{"t": round(t, 3), "device": d, "batch": k} for t, d, k in cluster.expired_leases],
-            "discarded_grads": self.discarded_grads,
+            "discarded_grads": self.discarded_grads, "slow_reduces": self.slow_reduces,
             "migrations": [{"t": round(t, 3), "source": a, "device": b, "groups": n, "version": v}
                            for t, a, b, n, v in cluster.migrations],
             "handovers": self.handovers,

@@ -255,7 +255,7 @@ class Worker:
 
     def compute_grads(self, command: msg.ComputeGrads) -> msg.GradsComputed:
         """One pulled micro-batch: its gradients are added to the step's (the model's ``.grad``)."""
-        self.stall_if_told()
+        self.stall_if_told("grads")
         with self.doing(S.TRAINING, f"batch {command.step}: {len(command.samples)} samples"):
             step = self.step_stats.setdefault(command.step, {"samples": 0, "sums": {}})
             start = time.perf_counter()
@@ -269,6 +269,7 @@ class Worker:
 
     def finish_step(self, command: msg.FinishStep) -> msg.StepDone:
         """The step's gradients summed over its devices; home trainers step, lent devices drop theirs."""
+        self.stall_if_told("finish")
         with self.doing(S.TRAINING, f"batch {command.step}: reduce"):
             torch = self.torch
             step = self.step_stats.pop(command.step, {"samples": 0, "sums": {}})
@@ -420,14 +421,15 @@ class Worker:
             self.receiver.join(timeout=self.cfg.launch.collective_timeout_s)
         return msg.Stopped()
 
-    def stall_if_told(self) -> None:
-        """Fault injection for tests (``BIDIRL_FAULT_STALL=device:seconds``): this device, lent to a
-        train step, is frozen by SIGSTOP in its first micro-batch -- the whole process, every thread --
-        and a detached timer sends SIGCONT ``seconds`` later."""
+    def stall_if_told(self, where: str = "grads") -> None:
+        """Fault injection for tests (``BIDIRL_FAULT_STALL=device:seconds[:finish]``): this device, lent
+        to a train step, is frozen by SIGSTOP in its first micro-batch (or, with ``:finish``, as its first
+        reduce starts, after its last micro-batch) -- the whole process, every thread -- and a detached
+        timer sends SIGCONT ``seconds`` later."""
         fault = os.environ.get("BIDIRL_FAULT_STALL", "")
         if fault and not self.stalled and self.state.lent:
-            device, seconds = fault.split(":")
-            if int(device) == self.device:
+            device, seconds, *at = fault.split(":")
+            if int(device) == self.device and (at or ["grads"])[0] == where:
                 import signal
                 import subprocess
 
