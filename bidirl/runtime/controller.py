@@ -67,7 +67,9 @@ practice a lent trainer, which is never a source itself.
 
 Leases expire: a borrowed device that has not answered its micro-batch within the lease timeout leaves
 the step (``LeaseExpired``); what it computed goes back to the queue and its late reply is discarded.
-The controller then waits for replies with a timeout (``lease_wait``) instead of blocking.
+The controller then waits for replies with a timeout (``lease_wait``) instead of blocking. The reduce
+after the last micro-batch is one collective, which no lease can cut short: one held up that long is
+said, naming whom it waits for (``say_if_the_reduce_waits``).
 """
 
 from __future__ import annotations
