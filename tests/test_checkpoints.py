@@ -371,6 +371,29 @@ def test_a_rollout_device_that_re_planning_was_moving_to_the_train_pool_starts_t
     assert partition(taken, "areal", 3) == ([Role.ROLLOUT, Role.TRAIN, Role.TRAIN], 2)
 
 
+def test_a_re_planning_move_to_a_device_the_run_does_not_have_is_refused():
+    from bidirl.runtime.checkpoints import Checkpoint, partition
+
+    edited = Checkpoint(Path("v00004"), 4, {"policy": "areal", "homes": ["rollout", "train"], "primary": 1,
+                                            "leaving": [5]})
+    with pytest.raises(ValueError, match=r"its re-planning moves \('leaving'\) name device 5 of 2"):
+        partition(edited, "areal", 2)
+
+
+def test_a_checkpoint_of_the_last_version_resumes_only_to_finish_a_run_that_died_after_training():
+    from bidirl.errors import BidirlError
+    from bidirl.runtime.checkpoints import Checkpoint, check_compatible
+    from tests.builders import small_config
+
+    cfg = small_config("train.steps=4", "train.prompts_per_step=8")
+    last = Checkpoint(Path("v00004"), 4, {"groups_per_step": 8})
+    check_compatible(last, cfg, finishing=True)  # (its final checkpoint and evaluation were left: it finishes them)
+    with pytest.raises(BidirlError, match="nothing is left to train \\(raise train.steps to continue\\)"):
+        check_compatible(last, cfg)
+    with pytest.raises(BidirlError, match="the checkpoint trained 8 prompts per step"):
+        check_compatible(last, small_config("train.steps=6", "train.prompts_per_step=16"), finishing=True)
+
+
 def test_a_checkpoint_of_another_policy_or_device_count_resumes_on_the_configured_split(tmp_path):
     from bidirl.runtime.checkpoints import Checkpoint, partition
 

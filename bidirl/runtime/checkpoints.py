@@ -163,6 +163,8 @@ def partition(checkpoint: Checkpoint, policy: str, devices: int) -> Optional[Tup
         return None
     homes = [Role(home) for home in state["homes"]]
     for index in state.get("leaving", ()):
+        if not 0 <= index < devices:
+            raise ValueError(f"its re-planning moves ('leaving') name device {index} of {devices}")
         if homes[index] is Role.ROLLOUT:
             homes[index] = Role.TRAIN
     primary = state.get("primary", homes.index(Role.TRAIN) if Role.TRAIN in homes else 0)

@@ -178,13 +178,14 @@ class Controller:
             self.replanner = LengthReplanner(cfg.cluster.replan_every, self.trained_lengths.mean_since_last_asked,
                                              choose)
         # a resumed run starts where its checkpoint was: re-planning may have moved devices from the configured split
-        resumed = checkpoints.partition(resume, cfg.launch.mode, devices) if resume is not None else None
         try:
+            resumed = checkpoints.partition(resume, cfg.launch.mode, devices) if resume is not None else None
             assembly = assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), self.measured, self.replanner,
                                 resumed=resumed)
         except ValueError as exc:  # (only a resumed partition can fail here: launch checked the configured one)
             raise BidirlError(f"{resume.path if resume else 'the run'}: {exc}") from None
         self.policy, self.cluster = assembly.policy, assembly.cluster
+        self.on_checkpoints_partition = resumed is not None
         self.data = RolloutData(cfg, PromptBuilder.for_run(cfg.data, tokenizer))
         self.data.sampler  # reads the problems now, before the run's clock starts
         self.report = RunReport(cfg, run)
@@ -213,6 +214,7 @@ class Controller:
         self.sync_started = 0.0
         self.shared_states: List[msg.TrainStateShared] = []
         self.slowest_item_s = 0.0  # the slowest micro-batch measured so far (the lease timeout follows it)
+        self.slowest_finish_s = 0.0  # the slowest step finish so far: reduce, optimizer step, snapshot, checksum
         # in-flight migration: groups each device holds per chunk (as the bookkeeping counts them), asks
         # sent to a source not yet answered, chunks split so far
         self.held: Dict[int, Counter] = {d: Counter() for d in range(devices)}
@@ -496,9 +498,19 @@ class Controller:
         reduce has waited that long for its members (None: neither can happen)."""
         step = self.step
         lent = [sent for device, (_, sent) in step.current.items() if self.cluster.devices[device].lent] if step else []
-        if step is not None and step.finish_sent and not step.slow_finish_said:
-            lent.append(step.finish_sent)
-        return max(0.0, min(lent) + self.lease_timeout_s() - time.perf_counter()) if lent else None
+        deadlines = [sent + self.lease_timeout_s() for sent in lent]
+        if step is not None and self.finish_may_stall(step):
+            deadlines.append(step.finish_sent + self.finish_timeout_s())
+        return max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
+
+    def finish_may_stall(self, step: "StepInProgress") -> bool:
+        """The step's finish is sent, has a collective (two members or more), and no wait of it was said yet."""
+        return bool(step.finish_sent) and len(step.members) > 1 and not step.slow_finish_said
+
+    def finish_timeout_s(self) -> float:
+        """When a step's finish counts as held up: the lease timeout, or ten times the slowest finish so far
+        (a finish is the reduce, then the optimizer step, a snapshot on evaluation steps, the checksum)."""
+        return max(self.lease_timeout_s(), 10 * self.slowest_finish_s)
 
     def say_if_the_reduce_waits(self) -> None:
         """A lease covers a borrowed device's micro-batches, not the reduce after its last one: there every
@@ -507,8 +519,7 @@ class Controller:
         communicators time out. So the wait is said, once, naming whom it waits for; a device that answers
         late still counts (the step waited for it)."""
         step, now = self.step, time.perf_counter()
-        if step is None or not step.finish_sent or step.slow_finish_said \
-                or now - step.finish_sent < self.lease_timeout_s():
+        if step is None or not self.finish_may_stall(step) or now - step.finish_sent < self.finish_timeout_s():
             return
         step.slow_finish_said = True
         waiting = sorted(self.pending["train"])
@@ -516,9 +527,10 @@ class Controller:
         self.report.slow_reduces.append({"t": round(self.report.elapsed(), 3), "batch": step.batch_step(),
                                          "waiting_for": waiting})
         # (one stalled member holds the others in the collective too: every member not yet answered is named)
-        say(f"batch {step.batch_step()}: the gradient reduce has waited {now - step.finish_sent:.1f} s for device(s) "
-            f"{named}; it waits until they answer, or until launch.collective_timeout_s="
-            f"{self.cfg.launch.collective_timeout_s:g} s fails the attempt (a restart resumes from the last checkpoint)")
+        say(f"batch {step.batch_step()}: its finish (gradient reduce, then the optimizer step) has waited "
+            f"{now - step.finish_sent:.1f} s for device(s) {named}; one of them may be stalled, holding the others "
+            f"in the reduce. It waits until they answer; a device stalled there fails the attempt after "
+            f"launch.collective_timeout_s={self.cfg.launch.collective_timeout_s:g} s")
 
     def expire_overdue_lease(self) -> Optional[ev.Event]:
         """A borrowed device overran its micro-batch: it leaves the step, and everything it computed for
@@ -557,9 +569,10 @@ class Controller:
         self.measured.step(step.work_s, primary.reduce_s,
                            lent=sum(1 for d in step.members if self.cluster.devices[d].home is Role.ROLLOUT))
         self.report.stream_wait_s += step.waited_s
+        finish_s = time.perf_counter() - step.finish_sent
+        self.slowest_finish_s = max(self.slowest_finish_s, finish_s)
         stats = {**step.batch.stats, "train_devices": len(step.members), "train_work_s": round(step.work_s, 4),
-                 "round_trip_s": round(step.round_trip_s, 4),
-                 "finish_s": round(time.perf_counter() - step.finish_sent, 4)}
+                 "round_trip_s": round(step.round_trip_s, 4), "finish_s": round(finish_s, 4)}
         self.bar(**self.report.step_done(primary, stats, time.perf_counter() - step.started))
         self.step = None
         return ev.TrainDone(primary.version)
@@ -642,11 +655,13 @@ class Controller:
         else:  # (a checkpoint written before the cursor kept positions: the stream resumes at version * B)
             self.data.sampler.skip(state["drawn_groups"])
         homes = [d.home.value for d in self.cluster.devices]
+        moved = list(state.get("leaving", ())) if self.on_checkpoints_partition else []
         self.report.resume(state, {"from_version": resume.version, "checkpoint": str(resume.path),
                                    "discarded_groups": state["untrained_groups"], "restart": restart,
-                                   "homes": homes, "primary": self.cluster.primary})
+                                   "homes": homes, "primary": self.cluster.primary, "moved_on_resume": moved})
         say(f"resuming from {resume.path} (version {resume.version}; {state['untrained_groups']} groups generated "
-            f"but not trained there are generated again), homes {homes}, primary trainer {self.cluster.primary}")
+            f"but not trained there are generated again), homes {homes}, primary trainer {self.cluster.primary}"
+            + (f" (device(s) {moved} moved to the train pool, as re-planning was draining them to)" if moved else ""))
 
     def check_replicas_agree(self) -> None:
         """Every home trainer stepped the same update on the same state: their weights agree (a device

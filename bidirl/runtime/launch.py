@@ -207,12 +207,12 @@ def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
     # here, not after torchrun has started every process; a run that died after its last step (no summary
     # that says it finished) may resume at its last version: that finishes it
     check_compatible(checkpoint, cfg, finishing=not finished(run_path))
-    resumed = partition(checkpoint, cfg.launch.mode, cfg.cluster.devices)  # where the run resumes (re-planned?)
-    if resumed is not None:
-        try:
+    try:
+        resumed = partition(checkpoint, cfg.launch.mode, cfg.cluster.devices)  # where the run resumes (re-planned?)
+        if resumed is not None:
             assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), resumed=resumed)
-        except ValueError as exc:
-            raise BidirlError(f"--resume {run_path}: {checkpoint.path}: {exc}") from None
+    except ValueError as exc:
+        raise BidirlError(f"--resume {run_path}: {checkpoint.path}: {exc}") from None
     for warning in warnings:
         say(warning)
 

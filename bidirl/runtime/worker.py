@@ -429,6 +429,8 @@ class Worker:
         fault = os.environ.get("BIDIRL_FAULT_STALL", "")
         if fault and not self.stalled and self.state.lent:
             device, seconds, *at = fault.split(":")
+            if at not in ([], ["grads"], ["finish"]):
+                raise ValueError(f"BIDIRL_FAULT_STALL={fault}: stall in 'grads' (the default) or 'finish'")
             if int(device) == self.device and (at or ["grads"])[0] == where:
                 import signal
                 import subprocess
