@@ -318,18 +318,25 @@ def test_a_chunk_started_on_a_device_still_generating_joins_its_running_batch(tm
     assert set(summary["staleness_histogram"]) <= {"0", "1"} and summary["final_version"] == 4
 
 
-def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_count_for_nothing(tmp_path):
+def run_with_a_lent_device_stalled(tmp_path: Path, stall: str) -> str:
+    """An async-lend run (2 devices, on-policy) whose rollout device, lent to a train step, is frozen as
+    ``BIDIRL_FAULT_STALL=stall`` says; it ends well, and its output is returned."""
     import os
 
-    # the rollout device, lent to a step, is SIGSTOPped for 14 s in its first micro-batch; its lease expires
-    # after the timeout the run derives (ten times its slowest micro-batch, at least 10 s)
-    env = {**os.environ, "BIDIRL_FAULT_STALL": "0:14"}
     args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
             *SMALL, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0",
             "train.prompts_per_step=32", "train.micro_batch_size=8"]
-    result = subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "BIDIRL_FAULT_STALL": stall})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"lease expired in batch \d+ \(no answer in 10\.0 s\)", result.stdout + result.stderr)
+    return result.stdout + result.stderr
+
+
+def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_count_for_nothing(tmp_path):
+    # the rollout device, lent to a step, is SIGSTOPped for 14 s in its first micro-batch; its lease expires
+    # after the timeout the run derives (ten times its slowest micro-batch, at least 10 s)
+    output = run_with_a_lent_device_stalled(tmp_path, "0:14")
+    assert re.search(r"lease expired in batch \d+ \(no answer in 10\.0 s\)", output)
     root = run_dir(tmp_path)
     summary = json.loads((root / "summary.json").read_text())
     (expired,) = summary["expired_leases"]
@@ -345,20 +352,13 @@ def test_a_lent_device_that_stops_answering_loses_its_lease_and_its_gradients_co
 
 @pytest.mark.slow  # (45 s: a 14 s stall in a live run)
 def test_a_lent_device_that_stalls_after_its_last_micro_batch_holds_the_reduce_which_says_for_whom(tmp_path):
-    import os
-
     # the lent rollout device is SIGSTOPped for 14 s as its first reduce starts: no lease covers that (the
     # reduce is one collective), so the step waits for it, says so after the lease timeout, and counts it
-    env = {**os.environ, "BIDIRL_FAULT_STALL": "0:14:finish"}
-    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
-            *SMALL, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0",
-            "train.prompts_per_step=32", "train.micro_batch_size=8"]
-    result = subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    output = run_with_a_lent_device_stalled(tmp_path, "0:14:finish")
     # (the primary, which takes in the lent device's gradients, waits in the same collective: both are named)
     assert re.search(r"batch \d+: its finish \(gradient reduce, then the optimizer step\) has waited 10\.\d s "
                      r"for device\(s\) 0 \(lent\), 1 \(the primary trainer\); one of them may be stalled",
-                     " ".join((result.stdout + result.stderr).split()))  # (unwrapped)
+                     " ".join(output.split()))  # (unwrapped)
     summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
     (slow,) = summary["slow_reduces"]
     assert slow["waiting_for"] == [0, 1] and summary["expired_leases"] == [] and summary["discarded_grads"] == []
