@@ -255,9 +255,11 @@ class Controller:
                 bar(self.cluster.version)  # (a resumed run starts part way)
                 while not self.cluster.finished or self.checkpoints_due or self.chunks_open:
                     reply = self.mailbox.next_event(timeout=self.lease_wait())
-                    if reply is None:
+                    events = [] if reply is None else self.translate(reply)
+                    if self.lease_wait() == 0.0:  # a deadline passed: checked even while replies kept coming (a
+                        # large cluster's rollout devices may never leave the mailbox empty for long)
                         self.say_if_the_reduce_waits()
-                    events = [self.expire_overdue_lease()] if reply is None else self.translate(reply)
+                        events.append(self.expire_overdue_lease())
                     for event in filter(None, events):
                         self.cluster.now = self.report.elapsed()
                         self.cluster.complete(event)
