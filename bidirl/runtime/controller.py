@@ -142,7 +142,7 @@ class StepInProgress:
     # (sent -> GradsComputed, less its compute), and the finish (FinishStep sent -> last StepDone)
     round_trip_s: float = 0.0
     finish_sent: float = 0.0
-    slow_finish_said: bool = False  # (the reduce's wait for a member past the lease timeout is said once)
+    slow_finish_said: bool = False  # (a finish held up past its deadline, Controller.finish_deadline, is said once)
 
 
     def batch_step(self) -> int:
@@ -496,23 +496,23 @@ class Controller:
         return lease_timeout_s(self.cfg.launch.lease_timeout_s, self.slowest_item_s)
 
     def lease_wait(self) -> Optional[float]:
-        """Seconds until the first borrowed device computing a micro-batch overruns its lease, or a step's
-        reduce has waited that long for its members (None: neither can happen)."""
+        """Seconds until the first borrowed device computing a micro-batch overruns its lease, or the step's
+        finish passes its deadline (:meth:`finish_deadline`); None: neither can happen."""
         step = self.step
         lent = [sent for device, (_, sent) in step.current.items() if self.cluster.devices[device].lent] if step else []
         deadlines = [sent + self.lease_timeout_s() for sent in lent]
-        if step is not None and self.finish_may_stall(step):
-            deadlines.append(step.finish_sent + self.finish_timeout_s())
+        finish = self.finish_deadline(step) if step is not None else None
+        if finish is not None:
+            deadlines.append(finish)
         return max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
 
-    def finish_may_stall(self, step: "StepInProgress") -> bool:
-        """The step's finish is sent, has a collective (two members or more), and no wait of it was said yet."""
-        return bool(step.finish_sent) and len(step.members) > 1 and not step.slow_finish_said
-
-    def finish_timeout_s(self) -> float:
-        """When a step's finish counts as held up: the lease timeout, or ten times the slowest finish so far
-        (a finish is the reduce, then the optimizer step, a snapshot on evaluation steps, the checksum)."""
-        return max(self.lease_timeout_s(), 10 * self.slowest_finish_s)
+    def finish_deadline(self, step: "StepInProgress") -> Optional[float]:
+        """When the step's finish counts as held up, if it is sent, has a collective (two members or more)
+        and no wait of it was said yet: after the lease timeout, or ten times the slowest finish so far (a
+        finish is the reduce, then the optimizer step, a snapshot on evaluation steps, the checksum)."""
+        if not step.finish_sent or len(step.members) < 2 or step.slow_finish_said:
+            return None
+        return step.finish_sent + max(self.lease_timeout_s(), 10 * self.slowest_finish_s)
 
     def say_if_the_reduce_waits(self) -> None:
         """A lease covers a borrowed device's micro-batches, not the reduce after its last one: there every
@@ -521,7 +521,8 @@ class Controller:
         communicators time out. So the wait is said, once, naming whom it waits for; a device that answers
         late still counts (the step waited for it)."""
         step, now = self.step, time.perf_counter()
-        if step is None or not self.finish_may_stall(step) or now - step.finish_sent < self.finish_timeout_s():
+        deadline = self.finish_deadline(step) if step is not None else None
+        if deadline is None or now < deadline:
             return
         step.slow_finish_said = True
         waiting = sorted(self.pending["train"])

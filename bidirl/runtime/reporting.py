@@ -36,7 +36,7 @@ class RunReport:
         self.replica_checks = 0  # steps after which every home trainer's weights agreed with the primary's
         self.stream_wait_s = 0.0  # of the step waits (``Cluster.step_wait_s``), those for groups still generating
         self.discarded_grads: List[Dict[str, int]] = []  # late micro-batches of expired leases, not counted
-        self.slow_reduces: List[Dict[str, Any]] = []  # steps whose reduce waited past the lease timeout, for whom
+        self.slow_reduces: List[Dict[str, Any]] = []  # steps whose finish was held up past its deadline, for whom
         self.handovers: List[Dict[str, Any]] = []  # groups stopped mid-generation and moved (in-flight migration)
         self.joined_chunks: List[Dict[str, Any]] = []  # chunks that joined a device's batch in flight
         self.checkpoints: List[Dict[str, Any]] = []  # sealed during this run (or since its resume)

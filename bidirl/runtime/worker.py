@@ -428,10 +428,11 @@ class Worker:
         timer sends SIGCONT ``seconds`` later."""
         fault = os.environ.get("BIDIRL_FAULT_STALL", "")
         if fault and not self.stalled and self.state.lent:
-            device, seconds, *at = fault.split(":")
-            if at not in ([], ["grads"], ["finish"]):
+            device, seconds, *rest = fault.split(":")
+            position = rest[0] if rest else "grads"
+            if rest[1:] or position not in ("grads", "finish"):
                 raise ValueError(f"BIDIRL_FAULT_STALL={fault}: stall in 'grads' (the default) or 'finish'")
-            if int(device) == self.device and (at or ["grads"])[0] == where:
+            if int(device) == self.device and position == where:
                 import signal
                 import subprocess
 
