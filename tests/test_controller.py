@@ -258,3 +258,48 @@ def test_a_step_device_is_idle_only_while_it_has_nothing_to_compute_even_when_an
     step.computing.discard(0)
     c.pull(0)  # nothing computing, nothing left: the step finishes, device 1's wait ends
     assert c.cluster.step_wait_s == {"rollout": 2.5}
+
+
+def controller_with_a_finish_held_up(monkeypatch, entered: set) -> tuple:
+    """A two-member step (device 0 lent by the rollout pool, device 1 the primary) whose FinishStep went
+    out at t=10 and which neither has answered at t=40; ``entered``: those that said they entered the
+    reduce. Returns the controller and what it says."""
+    from types import SimpleNamespace
+
+    import bidirl.runtime.controller as controller
+    from bidirl.runtime.controller import StepInProgress
+
+    said = []
+    monkeypatch.setattr(controller.time, "perf_counter", lambda: 40.0)
+    monkeypatch.setattr(controller, "say", said.append)
+    c = object.__new__(Controller)  # (only the finish's watch: no run, no engines)
+    c.cluster = SimpleNamespace(devices=[SimpleNamespace(lent=True), SimpleNamespace(lent=False)], primary=1)
+    c.cfg = SimpleNamespace(launch=SimpleNamespace(lease_timeout_s=0.0, collective_timeout_s=600.0))
+    c.slowest_item_s, c.slowest_finish_s = 0.5, 0.2
+    c.report = SimpleNamespace(slow_reduces=[], elapsed=lambda: 30.0)
+    c.pending = {"train": {0, 1}}
+    c.step = StepInProgress(SimpleNamespace(step=3), False, [0, 1], started=5.0, finish_sent=10.0)
+    for device in entered:
+        c._reduce_entered(msg.ReduceEntered(device=device, step=3))
+    c._reduce_entered(msg.ReduceEntered(device=0, step=2))  # (a late word of an earlier step counts for nothing)
+    return c, said
+
+
+def test_a_finish_held_up_by_a_member_that_never_reached_the_reduce_names_it_and_those_it_holds(monkeypatch):
+    c, said = controller_with_a_finish_held_up(monkeypatch, entered={1})
+    assert c.lease_wait() == 0.0  # (the deadline: 10 s, the lease timeout the run derives, passed at t=20)
+    c.say_if_the_reduce_waits()
+    (line,) = said
+    assert "has waited 30.0 s: device(s) 0 (lent) never reached the reduce, which holds device(s) 1 (the primary " \
+           "trainer) in it" in line
+    assert c.report.slow_reduces == [{"t": 30.0, "batch": 3, "waiting_for": [0, 1], "not_in_reduce": [0]}]
+    c.say_if_the_reduce_waits()
+    assert len(said) == 1 and c.lease_wait() is None  # said once; nothing else to wait for
+
+
+def test_a_finish_whose_members_all_reached_the_reduce_says_the_reduce_itself_is_slow(monkeypatch):
+    c, said = controller_with_a_finish_held_up(monkeypatch, entered={0, 1})
+    c.say_if_the_reduce_waits()
+    (line,) = said
+    assert "device(s) 0 (lent), 1 (the primary trainer) are in the reduce or the optimizer step after it" in line
+    assert c.report.slow_reduces[0]["not_in_reduce"] == []

@@ -69,7 +69,8 @@ Leases expire: a borrowed device that has not answered its micro-batch within th
 the step (``LeaseExpired``); what it computed goes back to the queue and its late reply is discarded.
 The controller then waits for replies with a timeout (``lease_wait``) instead of blocking. The reduce
 after the last micro-batch is one collective, which no lease can cut short: one held up that long is
-said, naming whom it waits for (``say_if_the_reduce_waits``).
+said, naming the members that never reached it (each member says when it enters: ``ReduceEntered``;
+``say_if_the_reduce_waits``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ class StepInProgress:
     round_trip_s: float = 0.0
     finish_sent: float = 0.0
     slow_finish_said: bool = False  # (a finish held up past its deadline, Controller.finish_deadline, is said once)
+    in_reduce: Set[int] = field(default_factory=set)  # members that said they entered the reduce (ReduceEntered)
 
 
     def batch_step(self) -> int:
@@ -526,14 +528,18 @@ class Controller:
             return
         step.slow_finish_said = True
         waiting = sorted(self.pending["train"])
-        named = ", ".join(f"{d} ({self.member_role(d)})" for d in waiting)
+        outside = [d for d in waiting if d not in step.in_reduce]  # (never said it entered: the stalled ones)
         self.report.slow_reduces.append({"t": round(self.report.elapsed(), 3), "batch": step.batch_step(),
-                                         "waiting_for": waiting})
-        # (one stalled member holds the others in the collective too: every member not yet answered is named)
+                                         "waiting_for": waiting, "not_in_reduce": outside})
+        if outside:  # (a member that never got to the reduce holds every other member in it)
+            held = [d for d in waiting if d in step.in_reduce]
+            where = (f"device(s) {self.named(outside)} never reached the reduce"
+                     + (f", which holds device(s) {self.named(held)} in it" if held else ""))
+        else:  # (every member got there: the collective itself is slow, or a member's optimizer step after it)
+            where = f"device(s) {self.named(waiting)} are in the reduce or the optimizer step after it, and slow there"
         say(f"batch {step.batch_step()}: its finish (gradient reduce, then the optimizer step) has waited "
-            f"{now - step.finish_sent:.1f} s for device(s) {named}; one of them may be stalled, holding the others "
-            f"in the reduce. It waits until they answer; a device stalled there fails the attempt after "
-            f"launch.collective_timeout_s={self.cfg.launch.collective_timeout_s:g} s")
+            f"{now - step.finish_sent:.1f} s: {where}. It waits until they answer; a device stalled there fails "
+            f"the attempt after launch.collective_timeout_s={self.cfg.launch.collective_timeout_s:g} s")
 
     def expire_overdue_lease(self) -> Optional[ev.Event]:
         """A borrowed device overran its micro-batch: it leaves the step, and everything it computed for
@@ -560,6 +566,9 @@ class Controller:
             return "lent"
         return "the primary trainer" if device == self.cluster.primary else "home trainer"
 
+    def named(self, devices: List[int]) -> str:
+        return ", ".join(f"{d} ({self.member_role(d)})" for d in devices)
+
     def _step_done(self, reply: msg.StepDone) -> Optional[ev.Event]:
         if reply.device == self.cluster.primary:
             self.primary_done = reply
@@ -579,6 +588,11 @@ class Controller:
         self.bar(**self.report.step_done(primary, stats, time.perf_counter() - step.started))
         self.step = None
         return ev.TrainDone(primary.version)
+
+    def _reduce_entered(self, reply: msg.ReduceEntered) -> None:
+        if self.step is not None and self.step.batch_step() == reply.step:
+            self.step.in_reduce.add(reply.device)
+        return None
 
     def _train_state_shared(self, reply: msg.TrainStateShared) -> None:
         self.shared_states.append(reply)  # the new trainer's RoleSwitched is the event
@@ -605,7 +619,7 @@ class Controller:
                  msg.GroupsHandedOver: _groups_handed_over,
                  msg.RoleSwitched: _role_switched,
                  msg.WeightsLoaded: _weights_loaded, msg.WeightsStaged: _weights_staged, msg.StepDone: _step_done,
-                 msg.GradsComputed: _grads_computed,
+                 msg.GradsComputed: _grads_computed, msg.ReduceEntered: _reduce_entered,
                  msg.TrainStateShared: _train_state_shared, msg.CheckpointSaved: _checkpoint_saved}
 
     # ---- checkpoints and resume --------------------------------------------------------------------

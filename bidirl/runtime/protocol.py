@@ -256,6 +256,15 @@ class GradsComputed(Reply):
 
 
 @dataclass
+class ReduceEntered(Reply):
+    """A member of a step with a collective has computed its last micro-batch and enters the reduce: posted
+    just before it, so a finish held up past its deadline can name the members that never got there (one
+    stalled before the reduce holds every other member in it)."""
+
+    step: int
+
+
+@dataclass
 class StepDone(Reply):
     version: Optional[int]  # the new version on a home trainer; None on a lent device (gradients only)
     reduce_s: float
@@ -314,8 +323,8 @@ class Stopped(Reply):
     pass
 
 
-REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsGenerated, GroupsHandedOver, GradsComputed, StepDone,
-                             WeightsStaged, WeightsLoaded, RoleSwitched, TrainStateShared, Evaluated, CheckpointSaved,
-                             Stopped)
+REPLIES: Tuple[type, ...] = (Ready, ChunkGenerated, GroupsGenerated, GroupsHandedOver, GradsComputed, ReduceEntered,
+                             StepDone, WeightsStaged, WeightsLoaded, RoleSwitched, TrainStateShared, Evaluated,
+                             CheckpointSaved, Stopped)
 
 Message = Any  # a Plan, a Command or a Reply

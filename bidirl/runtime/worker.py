@@ -279,6 +279,8 @@ class Worker:
             grads = flat_gradients(torch, self.params)
             if command.grad_scale != 1.0:  # a streamed step: unnormalised sums until its batch was complete
                 grads.mul_(command.grad_scale)
+            if len(command.members) > 1:  # (so a reduce held up by a member that never got here names it)
+                self.mailbox.post(msg.ReduceEntered(device=self.device, step=command.step))
             reduce_start = time.perf_counter()
             self.groups.reduce_step(grads, command.members, command.lent)
             reduce_s = time.perf_counter() - reduce_start
