@@ -20,7 +20,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -305,8 +305,21 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         key = getattr(exc, "full_key", None) or "a key"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{source}: key '{key}': {reason}") from None
-    _check_values(cfg, source)
+    try:
+        _check_values(cfg, source)
+    except ConfigError as exc:
+        raise ConfigError(_blame_the_command_line(str(exc), source, overrides or [])) from None
     return dataclasses.replace(cfg, output_dir=str(Path(cfg.output_dir).expanduser()))  # (~ as a shell reads it)
+
+
+def _blame_the_command_line(message: str, source: str, overrides: List[str]) -> str:
+    """A value check's message names the file; where the key it names was set by a ``key=value`` (or a
+    section of it), the command line is the culprit instead."""
+    named = re.findall(r"'([\w.]+)'", message)  # (every key it names: a check of several names each)
+    given = {item.split("=", 1)[0].strip() for item in overrides}
+    if any(name == key or name.startswith(key + ".") for name in named for key in given):
+        return "command line" + message[len(source):] if message.startswith(source + ":") else message
+    return message
 
 
 def to_yaml(cfg: PipelineConfig) -> str:
@@ -399,6 +412,9 @@ def _parse_overrides(overrides: List[str]) -> List[DictConfig]:
 def _merge(base: DictConfig, extra: DictConfig, source: str, culprit: str = "") -> DictConfig:
     """``extra`` over ``base``; ``culprit``: the key ``extra`` sets, named where OmegaConf's error does not."""
     where = f"{source}: key '{culprit}'" if culprit else source
+    mismatch = None if culprit else _kind_mismatch(OmegaConf.to_container(base), OmegaConf.to_container(extra))
+    if mismatch:  # (OmegaConf's own error names no key for a file's `train: 5` or `stages: {a: 1}`)
+        raise ConfigError(f"{source}: key '{mismatch[0]}' is {mismatch[1]} in the schema; got {mismatch[2]!r}")
     try:
         return OmegaConf.merge(base, extra)  # type: ignore[return-value]
     except ConfigKeyError as exc:
@@ -411,6 +427,24 @@ def _merge(base: DictConfig, extra: DictConfig, source: str, culprit: str = "") 
         raise ConfigError(f"{where}: {exc.msg}") from None
     except (TypeError, ValueError) as exc:  # e.g. a mapping where the schema has a list ("stages: {}")
         raise ConfigError(f"{where}: {exc} (a section or list where the schema has the other kind?)") from None
+
+
+def _kind_mismatch(base: Any, extra: Any, prefix: str = "") -> Optional[Tuple[str, str, Any]]:
+    """The first key of ``extra`` whose value is not the kind the schema has there (a section of keys, a
+    list), as (dotted key, the schema's kind, the value); None if every section and list is one. Both are
+    plain containers (``OmegaConf.to_container``)."""
+    if not isinstance(base, dict) or not isinstance(extra, dict):
+        return None
+    for key, theirs in extra.items():
+        ours, dotted = base.get(key), _join(prefix, str(key))
+        if isinstance(ours, dict) and theirs is not None and not isinstance(theirs, dict):
+            return dotted, "a section of keys", theirs
+        if isinstance(ours, list) and isinstance(theirs, dict):
+            return dotted, "a list", theirs
+        found = _kind_mismatch(ours, theirs, dotted)
+        if found:
+            return found
+    return None
 
 
 def _unknown_key_message(exc: ConfigKeyError, source: str) -> str:
@@ -521,10 +555,28 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
                 "model.tiny.sft_batch_size"):
         if OmegaConf.select(node, key) < 1:
             raise ConfigError(f"{source}: key '{key}' must be at least 1; got {OmegaConf.select(node, key)}")
-    for key in ("seed", "data.seed", "model.tiny.seed", "data.few_shot", "model.tiny.sft_steps", "train.lr_warmup_steps",
+    for key in ("seed", "data.seed", "model.tiny.seed", "data.few_shot", "train.lr_warmup_steps",
                 "sim.switch_s", "sim.load_s", "algorithm.staleness"):
         if OmegaConf.select(node, key) < 0:
             raise ConfigError(f"{source}: key '{key}' must be 0 or more; got {OmegaConf.select(node, key)}")
+    for key in ("seed", "data.seed", "model.tiny.seed"):  # (numpy's and the data shufflers' seeds are 32-bit)
+        if OmegaConf.select(node, key) > 2**32 - 1:
+            raise ConfigError(f"{source}: key '{key}' must be at most 2**32 - 1; got {OmegaConf.select(node, key)}")
+    for key, why in (("train.lr", "the optimizer's learning rate"), ("model.tiny.sft_lr", "the base model's SFT rate"),
+                     ("rollout.temperature", "RL samples, and the trainer takes log-probs at this temperature"),
+                     ("train.max_grad_norm", "the gradient-norm clip: at 0 or below PyTorch zeroes or flips gradients")):
+        if not OmegaConf.select(node, key) > 0:
+            raise ConfigError(f"{source}: key '{key}' must be above 0 ({why}); got {OmegaConf.select(node, key)}")
+    if cfg.model.tiny.sft_steps < 1:  # (the project-built model is random without its SFT: nothing to post-train)
+        raise ConfigError(f"{source}: key 'model.tiny.sft_steps' must be at least 1 (the tiny base model learns its "
+                          f"task's answer format there); got {cfg.model.tiny.sft_steps}")
+    tiny = cfg.model.tiny
+    if tiny.hidden_size % tiny.num_heads or tiny.num_heads % tiny.num_kv_heads:
+        raise ConfigError(f"{source}: keys 'model.tiny.hidden_size' ({tiny.hidden_size}), 'model.tiny.num_heads' "
+                          f"({tiny.num_heads}) and 'model.tiny.num_kv_heads' ({tiny.num_kv_heads}): the hidden size "
+                          "must divide into the heads, and the heads into the key/value heads")
+    if not cfg.stages:
+        raise ConfigError(f"{source}: key 'stages' must name at least one stage (valid: {', '.join(STAGES)})")
     bound = cfg.algorithm.staleness_bound
     if bound is not None and bound < cfg.algorithm.staleness:  # (a plan's record: never below what runs)
         raise ConfigError(f"{source}: key 'algorithm.staleness_bound' ({bound:g}) must be at least "

@@ -146,3 +146,37 @@ def test_chunks_in_flight_together_need_an_engine_that_joins_them_to_its_running
 def test_a_recorded_staleness_bound_below_the_staleness_run_is_refused():
     with pytest.raises(ConfigError, match=r"'algorithm.staleness_bound' \(1\) must be at least algorithm.staleness \(2\)"):
         load_config("pipelines/cpu-tiny.yaml", ["algorithm.staleness=2", "algorithm.staleness_bound=1"])
+
+
+@pytest.mark.parametrize("override, culprit", [
+    ("train.lr=-1", "key 'train.lr' must be above 0"),
+    ("model.tiny.sft_lr=0", "key 'model.tiny.sft_lr' must be above 0"),
+    ("rollout.temperature=0", "key 'rollout.temperature' must be above 0"),
+    ("train.max_grad_norm=-1", "key 'train.max_grad_norm' must be above 0"),
+    ("seed=99999999999999999999999", "key 'seed' must be at most 2**32 - 1"),
+    ("model.tiny.sft_steps=0", "key 'model.tiny.sft_steps' must be at least 1"),
+    ("model.tiny.num_heads=3", "'model.tiny.num_heads' (3)"),
+    ("model.tiny.num_kv_heads=3", "'model.tiny.num_kv_heads' (3)"),
+    ("stages=[]", "key 'stages' must name at least one stage"),
+])
+def test_a_value_that_would_fail_inside_the_run_is_refused_naming_the_command_line(write_yaml, override, culprit):
+    with pytest.raises(ConfigError) as error:
+        load_config(write_yaml("name: x\n"), [override])
+    assert str(error.value).startswith("command line: ") and culprit in str(error.value)
+
+
+def test_a_bad_value_the_file_sets_is_blamed_on_the_file(write_yaml):
+    with pytest.raises(ConfigError, match=r"pipeline.yaml: key 'train.lr' must be above 0"):
+        load_config(write_yaml("train:\n  lr: -1\n"), ["train.steps=3"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train: 5\n", "key 'train' is a section of keys in the schema; got 5"),
+    ("model: [1, 2]\n", "key 'model' is a section of keys in the schema; got [1, 2]"),
+    ("stages: {a: 1}\n", "key 'stages' is a list in the schema; got {'a': 1}"),
+    ("data:\n  task_config: [1, 2]\n", "key 'data.task_config' is a section of keys in the schema; got [1, 2]"),
+])
+def test_a_file_giving_a_section_a_value_or_a_list_a_section_names_the_key(write_yaml, text, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(write_yaml(text))
+    assert str(error.value).endswith(f"pipeline.yaml: {message}")
