@@ -210,15 +210,17 @@ def run_stages(cfg: PipelineConfig, stages) -> RunDir:
 
 
 INPUT_STAGES = ("prepare_model", "evaluate", "train", "profile", "launch", "compare")
+ON_THIS_DEVICE = ("prepare_model", "evaluate", "train", "profile")  # (stages whose engines run in this process)
 
 
-def check_inputs(cfg: PipelineConfig) -> None:
+def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> None:
     """The data and the model a pipeline names, checked before anything is written (and without
     downloading anything): local data must load and hold problems with numeric answers; a local model
-    folder must hold a readable config; the tiny model needs a reasoning-gym task."""
+    folder must hold a readable config; the tiny model needs a reasoning-gym task. ``stages``: those
+    that will run (default: the pipeline's)."""
     from bidirl.models.sources import check_model_folder, is_local
 
-    if not any(stage in INPUT_STAGES for stage in cfg.stages):
+    if not any(stage in INPUT_STAGES for stage in (cfg.stages if stages is None else stages)):
         return
     if cfg.data.source == "reasoning_gym" or Path(cfg.data.path).expanduser().exists() \
             or cfg.data.path.startswith((".", "/", "~")):
@@ -233,9 +235,10 @@ def check_inputs(cfg: PipelineConfig) -> None:
         check_model_folder(cfg.model.source)
 
 
-def preflight(cfg: PipelineConfig) -> None:
+def preflight(cfg: PipelineConfig, devices_here: bool = True) -> None:
     """What the stages would reject, checked before anything is written: the data and model, the profile
-    file, the plan."""
+    file, the plan; and, unless ``devices_here`` is off (a dry run, which may prepare another machine's
+    run), that this machine has the devices the stages will use."""
     check_inputs(cfg)
     if cfg.sim.profile:
         if not Path(cfg.sim.profile).is_file():
@@ -249,6 +252,18 @@ def preflight(cfg: PipelineConfig) -> None:
         plan_preflight(cfg, cfg.launch.mode)
     if "train" in cfg.stages:
         check_in_process_policy(cfg)
+    if "launch" in cfg.stages:  # (as `bidirl launch` checks them: the partition, then this node's devices)
+        from bidirl.runtime.launch import check_devices, check_plan, topology_of
+
+        check_plan(cfg)
+        if devices_here:
+            check_devices(cfg, topology_of(cfg), warn=False)  # (the launch stage warns of shared cores itself)
+    elif devices_here and cfg.cluster.device_type == "cuda" and any(s in ON_THIS_DEVICE for s in cfg.stages):
+        import torch
+
+        if not torch.cuda.is_available():  # (this process would build its engines there)
+            raise BidirlError("cluster.device_type=cuda but torch sees no CUDA device here (a CPU build, no GPU or "
+                              "no driver): use cluster.device_type=cpu, or run on a GPU node")
     if "simulate" in cfg.stages:
         from bidirl.planner import preflight as plan_preflight
         from bidirl.sim.report import check_policies
@@ -271,7 +286,7 @@ def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
 
     show = functools.partial(print, flush=True)  # stdout, unwrapped: the commands are meant to be copied
     check_stages_built(cfg)
-    preflight(cfg)
+    preflight(cfg, devices_here=False)
     show(f"pipeline {cfg.name}: stages {' -> '.join(cfg.stages)}; {cfg.cluster.devices} {cfg.cluster.device_type} "
          f"device{'s' if cfg.cluster.devices > 1 else ''}, policy {cfg.launch.mode}, model {cfg.model.source}")
     budget = live_device_budget(cfg)

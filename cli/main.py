@@ -298,8 +298,8 @@ def compare(
     except trl: the real TRL GRPOTrainer, live only."""
 
     def action() -> None:
-        from bidirl.compare import compare as run_compare, parse_baselines, preflight
-        from bidirl.pipeline import wandb_group
+        from bidirl.compare import compare as run_compare, is_here, parse_baselines, preflight
+        from bidirl.pipeline import check_inputs, wandb_group
         from bidirl.rundir import RunDir
         from bidirl.runtime_env import prepare_process
 
@@ -311,6 +311,8 @@ def compare(
         cfg = _config(path, extra)
         names = named or parse_baselines(",".join(cfg.compare.baselines))
         prepare_process(cfg.cluster.device_type)
+        if is_here(cfg):  # (live: every policy trains this model on this data)
+            check_inputs(cfg, stages=["compare"])
         preflight(cfg, names)  # bad input fails here, before the run directory exists
         run = RunDir(cfg)
         try:

@@ -53,6 +53,14 @@ def files(tmp: Path) -> dict:
     (moved / "config.yaml").write_text("name: moved\n")
     seal(moved / "checkpoints" / ".partial-v00002", {"version": 2, "groups_per_step": 16, "policy": "async",
                                                       "homes": ["train", "rollout"], "primary": 1}, 3)
+    (tmp / "weightless").mkdir()  # a model config, and no weights beside it
+    (tmp / "weightless" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    piped = tmp / "pipeline-run"  # a pipeline run whose launch stage has a good checkpoint at version 2
+    (piped / "launch" / "checkpoints" / ".partial-v00002").mkdir(parents=True)
+    (piped / "config.yaml").write_text("name: piped\n")
+    (piped / "summary.json").write_text(json.dumps({"status": "failed", "stages": ["launch"]}))
+    (piped / "launch" / "config.yaml").write_text("name: piped\n")
+    seal(piped / "launch" / "checkpoints" / ".partial-v00002", {"version": 2, "groups_per_step": 16}, 3)
     return {"tmp": tmp}
 
 
@@ -96,6 +104,12 @@ CASES = {
     "more CPU devices than cores": (["launch", TINY, "cluster.devices=64", "launch.mode=async"], "cluster.devices=64"),
     "no GPU here": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "cluster.device_type=cuda",
                      "sim.model=pipeline"], "GPU"),
+    "CUDA asked of this process on a machine without it": (["evaluate", TINY, "cluster.device_type=cuda"],
+                                                           "cluster.device_type=cuda"),
+    "a pipeline's launch stage on one device for two pools": (["run", TINY, "stages=[launch]", "launch.mode=bidirl"],
+                                                              "needs 2 devices or more"),
+    "a pipeline's launch stage on more CPU devices than cores": (["run", TINY, "stages=[launch]", "cluster.devices=64",
+                                                                 "launch.mode=async"], "cluster.devices=64"),
     "whole cluster rolls out": (["launch", TINY, "cluster.devices=2", "cluster.rollout_devices=2",
                                  "launch.mode=async"], "rollout"),
     "fractional staleness": (["launch", TINY, "cluster.devices=2", "launch.mode=async", "algorithm.staleness=0.5"],
@@ -108,6 +122,7 @@ CASES = {
     "missing model folder": (["evaluate", TINY, "model.source={tmp}/no-model"], "no-model"),
     "profile a missing model folder": (["profile", TINY, "model.source={tmp}/no-model"], "no-model"),
     "corrupt model folder": (["prepare-model", TINY, "model.source={tmp}/model"], "model"),
+    "a model folder without weights": (["evaluate", TINY, "model.source={tmp}/weightless"], "weightless: no weights"),
     "dataset without fields": (["evaluate", TINY, *GSM8K, "data.path={tmp}/fields.jsonl"], "fields.jsonl"),
     "empty dataset": (["evaluate", TINY, *GSM8K, "data.path={tmp}/empty.jsonl"], "empty.jsonl"),
     "non-numeric answers": (["evaluate", TINY, *GSM8K, "data.path={tmp}/words.jsonl"], "words.jsonl"),
@@ -146,6 +161,8 @@ CASES = {
     "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),
     "unknown baseline": (["compare", "--baselines", "verl,deepspeed-chat"], "deepspeed-chat"),
     "an override with a path, first, to compare": (["compare", "output_dir={tmp}/compared", "train.lrr=1"], "train.lrr"),
+    "compare a missing model folder": (["compare", TINY, "model.source={tmp}/no-model", "--baselines", "verl"],
+                                       "no-model"),
     "a real peer on a simulated cluster": (["compare", "pipelines/sim-32gpu.yaml", "--baselines", "verl,trl"],
                                            "trl is a real system that runs live only"),
     "unknown hardware": (["plan", "pipelines/sim-32gpu.yaml", "sim.hardware=TPU"], "sim.hardware"),
@@ -177,3 +194,18 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, bad, tmp_p
     assert culprit.format(**bad) in lines[0], (case, lines[0])
     assert not out.exists() or not any(out.iterdir()), case  # no run directory left behind
     assert sorted(p.name for p in bad["tmp"].iterdir()) == before  # nothing created or removed beside them
+
+
+def test_a_resume_refused_in_pre_flight_leaves_the_run_it_names_as_it_was(bad, tmp_path):
+    import shutil
+
+    run = tmp_path / "pipeline-run"
+    shutil.copytree(bad["tmp"] / "pipeline-run", run)
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    result = subprocess.run([BIDIRL, "run", TINY, "stages=[launch]", "--resume", str(run), "cluster.devices=2",
+                             "launch.mode=async", "train.prompts_per_step=16", "train.engine=deepspeed",
+                             "train.zero_stage=1", f"model.cache_dir={tmp_path}/cache", "logging.wandb_mode=disabled"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert "train.zero_stage" in result.stderr
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before  # nothing written or changed

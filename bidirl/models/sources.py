@@ -63,7 +63,13 @@ def check_model_folder(source: str) -> Path:
         raise BidirlError(f"{path}/config.json: not a readable model config ({type(exc).__name__})") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise BidirlError(f"{path}/config.json: no 'model_type' (not a Hugging Face model config)")
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise BidirlError(f"{path}: no weights there ({', '.join(WEIGHT_FILES)}): a model folder needs them beside "
+                          "config.json")
     return path
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # (what from_pretrained loads, whole or sharded)
 
 
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]  # no .bin/.pt/.gguf duplicates

@@ -111,10 +111,11 @@ def check_memory(cfg: PipelineConfig, model_path: str) -> "DeviceBudget":
     return device_budget(cfg, model_spec_of(cfg, model_path))
 
 
-def check_devices(cfg: PipelineConfig, topo: Topology) -> None:
+def check_devices(cfg: PipelineConfig, topo: Topology, warn: bool = True) -> None:
     """The devices this node must run exist: a GPU per device worker (cuda), or cores enough for the
     CPU device workers. Each CPU worker runs one thread, so a few more workers than cores only queue
-    for them (a warning: timings are distorted, results are not); many more would crawl (an error)."""
+    for them (a warning, unless ``warn`` is off: timings are distorted, results are not); many more
+    would crawl (an error)."""
     if cfg.cluster.device_type == "cuda":
         check_gpus(cfg, topo)
         return
@@ -124,7 +125,7 @@ def check_devices(cfg: PipelineConfig, topo: Topology) -> None:
         raise BidirlError(f"cluster.devices={cfg.cluster.devices}: this node would run {workers} CPU device workers "
                           f"on {cores} cores (one thread per device, at most {CPU_OVERSUBSCRIPTION} per core); "
                           "lower cluster.devices or add nodes")
-    if workers > cores:
+    if workers > cores and warn:
         print(f"warning: {workers} CPU device workers share {cores} cores: they take turns, so measured times "
               "(and the schedules built on them) are slower than on a core each", file=sys.stderr)
 
