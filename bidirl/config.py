@@ -514,6 +514,11 @@ def _check_finite(node: Any, source: str, prefix: str = "") -> None:
             raise ConfigError(f"{source}: key '{dotted}' must be a finite number; got {value}")
 
 
+def is_endpoint(endpoint: str) -> bool:
+    """``host:port``, as torchrun's rendezvous takes it."""
+    return bool(re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", endpoint)) and int(endpoint.rsplit(":", 1)[1]) <= 65535
+
+
 def _check_values(cfg: PipelineConfig, source: str) -> None:
     """Checks the schema cannot express: enumerations, stage names, positive sizes."""
     for key, names in (("stages", cfg.stages), ("sim.policies", cfg.sim.policies),
@@ -608,7 +613,7 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
         raise ConfigError(f"{source}: cluster.instance_devices={k} needs the analytic model: a profile (sim.profile) "
                           "measures one-device instances")
     endpoint = cfg.launch.rdzv_endpoint
-    if endpoint and (not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", endpoint) or int(endpoint.rsplit(":", 1)[1]) > 65535):
+    if endpoint and not is_endpoint(endpoint):
         raise ConfigError(f"{source}: key 'launch.rdzv_endpoint' must be host:port (node 0's address); got {endpoint!r}")
     if not 0 <= cfg.cluster.rollout_devices < cfg.cluster.devices:
         raise ConfigError(f"{source}: key 'cluster.rollout_devices' must be 0 (the planner chooses) or fewer than "

@@ -43,8 +43,18 @@ def topology_of(cfg: PipelineConfig, nnodes: Optional[int] = None, node_rank: in
                 nproc_per_node: Optional[int] = None, rdzv_endpoint: Optional[str] = None) -> Topology:
     """The torchrun topology: the command line's options where given, else the pipeline's
     (``cluster.nnodes``, ``launch.rdzv_endpoint``)."""
+    from bidirl.config import is_endpoint
+
+    for option, value in (("--nnodes", nnodes), ("--nproc-per-node", nproc_per_node)):
+        if value is not None and value < 1:
+            raise BidirlError(f"{option} {value}: must be at least 1 (or left out: the pipeline's)")
+    if rdzv_endpoint is not None and not is_endpoint(rdzv_endpoint):
+        raise BidirlError(f"--rdzv-endpoint {rdzv_endpoint!r}: must be host:port (node 0's address)")
     nodes = nnodes or cfg.cluster.nnodes
     endpoint = rdzv_endpoint or cfg.launch.rdzv_endpoint or None
+    if nodes == 1 and nproc_per_node is not None and nproc_per_node != cfg.cluster.devices + 1:
+        raise BidirlError(f"--nproc-per-node {nproc_per_node}: one node runs the controller and all cluster.devices="
+                          f"{cfg.cluster.devices} device workers, so it takes {cfg.cluster.devices + 1} (or leave it out)")
     if nodes > 1 and not endpoint:
         raise BidirlError(f"{nodes} nodes need a rendezvous address: set launch.rdzv_endpoint=HOST:PORT (node 0) "
                           "or pass --rdzv-endpoint")
