@@ -231,6 +231,10 @@ def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> Non
             raise BidirlError(f"{where}: no problems in the held-out split (data.eval_size={cfg.data.eval_size})")
     if cfg.model.source == "tiny" and cfg.data.source != "reasoning_gym":
         raise BidirlError("model.source 'tiny' is trained on a reasoning_gym task; set data.source=reasoning_gym")
+    if cfg.model.source == "tiny":
+        from bidirl.models.base import check_tiny_prompt_style
+
+        check_tiny_prompt_style(cfg.data.prompt_style)
     if is_local(cfg.model.source):
         check_model_folder(cfg.model.source)
 

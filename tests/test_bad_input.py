@@ -128,6 +128,7 @@ CASES = {
     "missing model folder": (["evaluate", TINY, "model.source={tmp}/no-model"], "no-model"),
     "profile a missing model folder": (["profile", TINY, "model.source={tmp}/no-model"], "no-model"),
     "corrupt model folder": (["prepare-model", TINY, "model.source={tmp}/model"], "model"),
+    "a chat prompt for the tiny model": (["run", TINY, "data.prompt_style=chat"], "data.prompt_style=plain"),
     "a model folder without weights": (["evaluate", TINY, "model.source={tmp}/weightless"], "weightless: no weights"),
     "dataset without fields": (["evaluate", TINY, *GSM8K, "data.path={tmp}/fields.jsonl"], "fields.jsonl"),
     "empty dataset": (["evaluate", TINY, *GSM8K, "data.path={tmp}/empty.jsonl"], "empty.jsonl"),

@@ -69,6 +69,11 @@ def built_accuracy(info: Dict[str, Any]) -> str:
     return f"held-out accuracy {info['accuracy']:.1%} when built" + (f", on {', '.join(on)}" if on else "")
 
 
+def check_tiny_prompt_style(style: str) -> None:
+    if style == "chat":
+        raise BidirlError("the tiny model has no chat template: use data.prompt_style=plain or compact")
+
+
 def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
     import torch
 
@@ -78,8 +83,7 @@ def _build_tiny(cfg: PipelineConfig, out: Path) -> Dict[str, Any]:
     data = cfg.data
     train = load_reasoning_gym(data.task, data.task_config, data.seed, "train", cfg.model.tiny.sft_examples)
     held_out = load_problems(data, "test")
-    if data.prompt_style == "chat":
-        raise BidirlError("the tiny model has no chat template: use data.prompt_style=plain or compact")
+    check_tiny_prompt_style(data.prompt_style)
     prompt = PromptBuilder.for_run(data)  # the form it will be prompted with in RL and evaluation
     with progress_bar("SFT tiny base model", cfg.model.tiny.sft_steps, cfg.logging.progress) as advance:
         losses = supervised_finetune(
