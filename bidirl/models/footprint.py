@@ -93,13 +93,26 @@ def _count(cfg: PipelineConfig, source: str) -> ModelSpec:
         except (OSError, ValueError) as exc:
             raise BidirlError(f"{path}: not a readable model config ({exc})") from None
         return count_model(config_from_fields(fields), path.parent.name or str(path))
-    from transformers import AutoConfig
-
     try:
-        return count_model(AutoConfig.from_pretrained(source), source)
+        return count_model(hub_config(source), source)
     except OSError as exc:
         raise BidirlError(f"sim.model {source!r}: no model config found (a preset name, 'pipeline', a folder with "
                           f"config.json, or a hub id in the local cache): {str(exc).splitlines()[0]}") from None
+
+
+def hub_config(repo_id: str) -> Any:
+    """A hub model's config: from the local cache if it is there (no network wait), else fetched, with the
+    hub client's retry warnings kept quiet (offline, they are a dozen lines over 20 s before the error)."""
+    from transformers import AutoConfig
+
+    from bidirl.models.sources import hub_retries_quiet
+
+    try:
+        return AutoConfig.from_pretrained(repo_id, local_files_only=True)
+    except OSError:
+        pass
+    with hub_retries_quiet():
+        return AutoConfig.from_pretrained(repo_id)
 
 
 def device_budget(cfg: PipelineConfig, spec: ModelSpec) -> DeviceBudget:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -75,6 +76,20 @@ WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # (what from_pretrained 
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]  # no .bin/.pt/.gguf duplicates
 
 
+@contextmanager
+def hub_retries_quiet() -> Iterator[None]:
+    """The hub client's warnings off for a call: offline, each retry is a warning, a dozen lines over 20 s
+    before the error that a caller turns into one line anyway."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    level = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(level)
+
+
 def prepare_hub(repo_id: str, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
     """A hub model's local snapshot folder: downloaded once here (offline: from the local cache)."""
     from huggingface_hub import snapshot_download
@@ -82,7 +97,8 @@ def prepare_hub(repo_id: str, report: Optional[Callable[[str], None]] = None) ->
     if report:
         report(f"resolving {repo_id} from the Hugging Face hub (downloaded once, then reused from its cache)")
     try:
-        folder = snapshot_download(repo_id, allow_patterns=HUB_FILES)
+        with hub_retries_quiet():
+            folder = snapshot_download(repo_id, allow_patterns=HUB_FILES)
     except Exception as exc:  # offline and not cached, no such repo, no network: all one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BidirlError(f"model.source {repo_id!r}: cannot fetch it from the hub or find it in the local cache "
