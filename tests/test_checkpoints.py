@@ -414,3 +414,171 @@ def test_a_resumed_partition_without_its_primary_in_the_train_pool_is_refused_in
     cfg = small_config("cluster.devices=2", "launch.mode=areal")
     with pytest.raises(ValueError, match=r"the resumed partition \['train', 'rollout'\] \(primary 1\) does not fit"):
         assemble("areal", cfg.run_shape(), cfg.live_driver(), resumed=([Role.TRAIN, Role.ROLLOUT], 1))
+
+
+# ---- resuming: the same model, a moved run directory, checkpoints sealed over edited files ----------
+BIDIRL = str(Path(sys.executable).with_name("bidirl"))
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "pipelines/cpu-tiny.yaml"
+
+
+def controller_state(run: Path, version: int, groups: int) -> dict:
+    """A controller.json as a two-device async run writes it at ``version`` (snapshots at 0 and 2)."""
+    return {"version": version, "seed": 0, "groups_per_step": groups, "prompts": {"drawn": groups * version + 4,
+            "redo": [groups * version + 1]}, "untrained_groups": 4, "next_group": groups * version + 4,
+            "staleness": {"0": groups * version}, "homes": ["rollout", "train"], "primary": 1, "leaving": [],
+            "policy": "async", "report": {"snapshots": [[v, str(run / "snapshots" / f"v{v:05d}.pt")] for v in (0, 2)],
+                                          "version_seconds": {str(v): 1.5 * v for v in range(version + 1)},
+                                          "consumed_samples": 64, "consumed_tokens": 900, "rl_seconds": 3.0,
+                                          "replica_checks": version}}
+
+
+def resumable_run(run: Path, cfg, version: int = 2) -> Path:
+    """A run directory of ``cfg`` (its config.yaml, its snapshots) with a checkpoint sealed at ``version``."""
+    from bidirl.config import to_yaml
+
+    (run / "snapshots").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    for v in (0, 2):
+        (run / "snapshots" / f"v{v:05d}.pt").write_bytes(b"snapshot")
+    seal(trainer_files(run, version), controller_state(run, version, cfg.train.prompts_per_step), 3)
+    return run
+
+
+def sealed_over(checkpoint_path: Path, name: str, text: str) -> None:
+    """``name`` in the checkpoint edited to ``text``, and its manifest written again to match (it verifies)."""
+    from bidirl.runtime.checkpoints import _sha256
+
+    (checkpoint_path / name).write_text(text)
+    manifest = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                for f in sorted(checkpoint_path.iterdir()) if f.name != "MANIFEST.json"}
+    (checkpoint_path / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def launched(run: Path, *args: str) -> subprocess.CompletedProcess:
+    """``bidirl launch`` of the CPU tiny pipeline, resuming ``run`` (whatever it writes kept beside it)."""
+    keep = [f"output_dir={run.parent}/runs", f"model.cache_dir={run.parent}/cache", "logging.wandb_mode=disabled"]
+    return subprocess.run([BIDIRL, "launch", TINY, *keep, *args, "--resume", str(run)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+def one_line_error(done: subprocess.CompletedProcess) -> str:
+    """The one line a refused command printed (exit code 2, no traceback)."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, (done.returncode, done.stderr)
+    return lines[0]
+
+
+def listing(folder: Path) -> list:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*"))
+
+
+def test_a_resume_with_another_model_shape_is_one_line_before_anything_is_written_or_launched(tmp_path):
+    from bidirl.config import load_config
+
+    run = resumable_run(tmp_path / "run", load_config(TINY))  # the default hidden size, 256
+    before = listing(run)
+    line = one_line_error(launched(run, "train.steps=4", "model.tiny.hidden_size=64"))
+    assert "model.tiny.hidden_size=256" in line and "model.tiny.hidden_size=64" in line and str(run) in line
+    assert listing(run) == before  # no config.resumed-*.yaml, no metrics rolled back, the checkpoint intact
+
+
+def test_a_resume_with_another_model_source_is_refused_and_one_with_another_precision_or_cache_is_not(tmp_path):
+    from bidirl.errors import BidirlError
+    from bidirl.runtime.checkpoints import check_compatible
+    from tests.builders import small_config
+
+    resumable_run(tmp_path / "run", small_config())
+    checkpoint = latest_good(tmp_path / "run", lambda _: None)
+    with pytest.raises(BidirlError, match="model.source=tiny .*configured with model.source=smollm2"):
+        check_compatible(checkpoint, small_config("model.source=smollm2"))
+    # the trainer keeps fp32 master weights whatever model.dtype says; the SFT recipe only made the starting weights
+    check_compatible(checkpoint, small_config("model.dtype=bfloat16", f"model.cache_dir={tmp_path}/elsewhere",
+                                              "model.tiny.sft_steps=10"))
+
+
+def test_a_run_directory_moved_after_its_checkpoint_resumes_with_its_snapshots_where_they_are_now(tmp_path):
+    from bidirl.rundir import RunDir
+    from bidirl.runtime.reporting import RunReport
+    from tests.builders import small_config
+
+    cfg = small_config()
+    resumable_run(tmp_path / "old", cfg)
+    (tmp_path / "old").rename(tmp_path / "new")
+    checkpoint = latest_good(tmp_path / "new", lambda _: None)
+    report = RunReport(cfg, RunDir.resumed(cfg, tmp_path / "new", checkpoint.version))
+    report.resume(checkpoint.state, {"from_version": checkpoint.version})
+    report.run.close()
+    assert report.snapshots == [(v, str(tmp_path / "new" / "snapshots" / f"v{v:05d}.pt")) for v in (0, 2)]
+    assert all(Path(path).is_file() for _, path in report.snapshots)
+
+
+def real_state(**changes) -> str:
+    state = controller_state(Path("/runs/run"), 2, 128)
+    return json.dumps({**state, **changes})
+
+
+EDITED_CONTROLLER_FILES = {  # controller.json as edited, then sealed again (its manifest matches) -> the line names
+    "an empty mapping": ("{}", "no 'version'"),
+    "no batch size": (json.dumps({"version": 2}), "no 'groups_per_step'"),
+    "not JSON": ("{not json", "not readable JSON"),
+    "a list": ("[]", "a JSON list, not the controller's state"),
+    "a version in words": (real_state(version="abc"), "'version' is 'abc'"),
+    "a version its folder does not have": (real_state(version=7), "'version' is 7, but the checkpoint is v00002"),
+    "a batch size in quotes": (real_state(groups_per_step="2"), "'groups_per_step' is '2'"),
+    "homes as a number": (real_state(homes=5), "'homes' is 5"),
+    "a move of a device named in words": (real_state(leaving=["x"]), "'leaving' is [\"x\"]"),
+    "a staleness histogram as a list": (real_state(staleness=[1]), "'staleness' is [1]"),
+    "a data cursor without its positions": (real_state(prompts={"drawn": 3}), "'prompts' is {\"drawn\": 3}"),
+    "a learning curve without its snapshots": (real_state(report={}), "'report.snapshots' is missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITED_CONTROLLER_FILES))
+def test_a_controller_file_sealed_over_an_edit_is_one_line_naming_the_file_and_the_field(case, tmp_path):
+    from bidirl.config import load_config
+
+    text, culprit = EDITED_CONTROLLER_FILES[case]
+    run = resumable_run(tmp_path / "run", load_config(TINY))
+    sealed_over(run / FOLDER / "v00002", "controller.json", text)
+    before = listing(run)
+    line = one_line_error(launched(run, "train.steps=4"))
+    assert f"{run / FOLDER / 'v00002' / 'controller.json'}: " in line and culprit in line, line
+    assert listing(run) == before
+
+
+def test_a_partition_read_from_an_edited_controller_file_is_one_line_naming_the_field(tmp_path):
+    from bidirl.errors import BidirlError
+    from bidirl.runtime.checkpoints import Checkpoint, partition
+
+    with pytest.raises(BidirlError, match=r"v00004/controller.json: 'homes' is 5, not a list"):
+        partition(Checkpoint(tmp_path / "v00004", 4, {"policy": "areal", "homes": 5}), "areal", 2)
+    with pytest.raises(BidirlError, match=r"v00004/controller.json: 'leaving' is \[\"x\"\], not a list of device"):
+        partition(Checkpoint(tmp_path / "v00004", 4, {"policy": "areal", "homes": ["rollout", "train"],
+                                                       "leaving": ["x"]}), "areal", 2)
+
+
+EDITED_MANIFESTS = {  # MANIFEST.json as edited -> why the checkpoint does not verify
+    "a list": ("[]", "MANIFEST.json is a JSON list, not a mapping"),
+    "a string": ('"sealed"', "MANIFEST.json is a JSON str, not a mapping"),
+    "an entry without its size": (None, "MANIFEST.json's entry for controller.json is {\"sha256\""),
+    "a file outside the checkpoint": (json.dumps({"../../config.yaml": {}, "controller.json": {}}),
+                                      "MANIFEST.json names '../../config.yaml', a file outside the checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITED_MANIFESTS))
+def test_an_edited_manifest_does_not_verify_and_a_resume_from_it_alone_is_one_line_naming_it(case, tmp_path):
+    from bidirl.config import load_config
+
+    text, why = EDITED_MANIFESTS[case]
+    run = resumable_run(tmp_path / "run", load_config(TINY))
+    path = run / FOLDER / "v00002"
+    if text is None:
+        manifest = json.loads((path / "MANIFEST.json").read_text())
+        del manifest["controller.json"]["bytes"]
+        text = json.dumps(manifest)
+    (path / "MANIFEST.json").write_text(text)
+    assert verify(path).startswith(why)
+    line = one_line_error(launched(run, "train.steps=4"))
+    assert "none of its checkpoints verifies against its MANIFEST.json" in line and why in line, line

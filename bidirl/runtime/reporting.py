@@ -68,7 +68,9 @@ class RunReport:
 
     def resume(self, state: Dict[str, Any], resumed: Dict[str, Any]) -> None:
         report = state["report"]
-        self.snapshots = [(int(v), p) for v, p in report["snapshots"]]
+        # each snapshot where it is now: the run directory may have been moved or copied since the checkpoint
+        # recorded its paths (the worker writes every snapshot into the run directory's snapshots/)
+        self.snapshots = [(int(v), self.snapshot_path(int(v))) for v, _ in report["snapshots"]]
         self.version_seconds = {int(v): t for v, t in report["version_seconds"].items()}
         self.consumed_samples, self.consumed_tokens = report["consumed_samples"], report["consumed_tokens"]
         self.before_s, self.replica_checks = report["rl_seconds"], report["replica_checks"]
