@@ -113,7 +113,7 @@ class TrainConfig:
     prompts_per_step: int = 16
     micro_batch_size: int = 64
     steps: int = 100
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # the gradient-norm clip (0 = none, as DeepSpeed and TRL read it)
     # DeepSpeed ZeRO stage (train.engine=deepspeed): the runtime (launch and the train stage) trains with 0
     # only; 1-3 are for the engine used on its own (bidirl.engines.build.check_runtime_train_engine)
     zero_stage: int = 0
@@ -315,7 +315,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
 def _blame_the_command_line(message: str, source: str, overrides: List[str]) -> str:
     """A value check's message names the file; where the key it names was set by a ``key=value`` (or a
     section of it), the command line is the culprit instead."""
-    named = re.findall(r"'([\w.]+)'", message)  # (every key it names: a check of several names each)
+    listed = re.search(r"\bkeys? ((?:'[\w.]+'(?: \([^)]*\))?(?:, | and )?)+)", message)  # (one key, or several)
+    named = re.findall(r"'([\w.]+)'", listed.group(1)) if listed else []
     given = {item.split("=", 1)[0].strip() for item in overrides}
     if any(name == key or name.startswith(key + ".") for name in named for key in given):
         return "command line" + message[len(source):] if message.startswith(source + ":") else message
@@ -519,6 +520,20 @@ def is_endpoint(endpoint: str) -> bool:
     return bool(re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", endpoint)) and int(endpoint.rsplit(":", 1)[1]) <= 65535
 
 
+def _check_tiny(tiny: TinyModelConfig, source: str) -> None:
+    """The project-built model's shape and SFT: what would fail once it is built."""
+    if not tiny.sft_lr > 0:
+        raise ConfigError(f"{source}: key 'model.tiny.sft_lr' must be above 0 (the base model's SFT rate); got "
+                          f"{tiny.sft_lr}")
+    if tiny.sft_steps < 1:  # (the tiny model is random without its SFT: nothing to post-train)
+        raise ConfigError(f"{source}: key 'model.tiny.sft_steps' must be at least 1 (the tiny base model learns its "
+                          f"task's answer format there); got {tiny.sft_steps}")
+    if tiny.hidden_size % tiny.num_heads or tiny.num_heads % tiny.num_kv_heads:
+        raise ConfigError(f"{source}: keys 'model.tiny.hidden_size' ({tiny.hidden_size}), 'model.tiny.num_heads' "
+                          f"({tiny.num_heads}) and 'model.tiny.num_kv_heads' ({tiny.num_kv_heads}): hidden_size must "
+                          "be a multiple of num_heads, and num_heads a multiple of num_kv_heads")
+
+
 def _check_values(cfg: PipelineConfig, source: str) -> None:
     """Checks the schema cannot express: enumerations, stage names, positive sizes."""
     for key, names in (("stages", cfg.stages), ("sim.policies", cfg.sim.policies),
@@ -567,19 +582,15 @@ def _check_values(cfg: PipelineConfig, source: str) -> None:
     for key in ("seed", "data.seed", "model.tiny.seed"):  # (numpy's and the data shufflers' seeds are 32-bit)
         if OmegaConf.select(node, key) > 2**32 - 1:
             raise ConfigError(f"{source}: key '{key}' must be at most 2**32 - 1; got {OmegaConf.select(node, key)}")
-    for key, why in (("train.lr", "the optimizer's learning rate"), ("model.tiny.sft_lr", "the base model's SFT rate"),
-                     ("rollout.temperature", "RL samples, and the trainer takes log-probs at this temperature"),
-                     ("train.max_grad_norm", "the gradient-norm clip: at 0 or below PyTorch zeroes or flips gradients")):
+    for key, why in (("train.lr", "the optimizer's learning rate"),
+                     ("rollout.temperature", "RL samples, and the trainer takes log-probs at this temperature")):
         if not OmegaConf.select(node, key) > 0:
             raise ConfigError(f"{source}: key '{key}' must be above 0 ({why}); got {OmegaConf.select(node, key)}")
-    if cfg.model.tiny.sft_steps < 1:  # (the project-built model is random without its SFT: nothing to post-train)
-        raise ConfigError(f"{source}: key 'model.tiny.sft_steps' must be at least 1 (the tiny base model learns its "
-                          f"task's answer format there); got {cfg.model.tiny.sft_steps}")
-    tiny = cfg.model.tiny
-    if tiny.hidden_size % tiny.num_heads or tiny.num_heads % tiny.num_kv_heads:
-        raise ConfigError(f"{source}: keys 'model.tiny.hidden_size' ({tiny.hidden_size}), 'model.tiny.num_heads' "
-                          f"({tiny.num_heads}) and 'model.tiny.num_kv_heads' ({tiny.num_kv_heads}): the hidden size "
-                          "must divide into the heads, and the heads into the key/value heads")
+    if not cfg.train.max_grad_norm >= 0:  # (below 0, PyTorch's clip would flip every gradient)
+        raise ConfigError(f"{source}: key 'train.max_grad_norm' must be 0 (no clipping) or a gradient-norm bound above "
+                          f"0; got {cfg.train.max_grad_norm}")
+    if cfg.model.source == "tiny":
+        _check_tiny(cfg.model.tiny, source)
     if not cfg.stages:
         raise ConfigError(f"{source}: key 'stages' must name at least one stage (valid: {', '.join(STAGES)})")
     bound = cfg.algorithm.staleness_bound

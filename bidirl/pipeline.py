@@ -210,17 +210,21 @@ def run_stages(cfg: PipelineConfig, stages) -> RunDir:
 
 
 INPUT_STAGES = ("prepare_model", "evaluate", "train", "profile", "launch", "compare")
-ON_THIS_DEVICE = ("prepare_model", "evaluate", "train", "profile")  # (stages whose engines run in this process)
+ON_THIS_DEVICE = ("evaluate", "train", "profile")  # (stages whose engines run in this process)
+LOAD_WEIGHTS = (*ON_THIS_DEVICE, "launch")  # (and a live comparison)
 
 
-def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> None:
+def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None, devices_here: bool = True) -> None:
     """The data and the model a pipeline names, checked before anything is written (and without
     downloading anything): local data must load and hold problems with numeric answers; a local model
-    folder must hold a readable config; the tiny model needs a reasoning-gym task. ``stages``: those
-    that will run (default: the pipeline's)."""
+    folder must hold a readable config, and weights if a stage will load them here (not in a dry run,
+    ``devices_here`` off); the tiny model needs a reasoning-gym task. ``stages``: those that will run
+    (default: the pipeline's)."""
+    from bidirl.compare import is_here
     from bidirl.models.sources import check_model_folder, is_local
 
-    if not any(stage in INPUT_STAGES for stage in (cfg.stages if stages is None else stages)):
+    stages = cfg.stages if stages is None else stages
+    if not any(stage in INPUT_STAGES for stage in stages):
         return
     if cfg.data.source == "reasoning_gym" or Path(cfg.data.path).expanduser().exists() \
             or cfg.data.path.startswith((".", "/", "~")):
@@ -236,14 +240,15 @@ def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> Non
 
         check_tiny_prompt_style(cfg.data.prompt_style)
     if is_local(cfg.model.source):
-        check_model_folder(cfg.model.source)
+        loads = any(stage in LOAD_WEIGHTS for stage in stages) or ("compare" in stages and is_here(cfg))
+        check_model_folder(cfg.model.source, weights=devices_here and loads)
 
 
 def preflight(cfg: PipelineConfig, devices_here: bool = True) -> None:
     """What the stages would reject, checked before anything is written: the data and model, the profile
     file, the plan; and, unless ``devices_here`` is off (a dry run, which may prepare another machine's
     run), that this machine has the devices the stages will use."""
-    check_inputs(cfg)
+    check_inputs(cfg, devices_here=devices_here)
     if cfg.sim.profile:
         if not Path(cfg.sim.profile).is_file():
             raise BidirlError(f"sim.profile={cfg.sim.profile}: no such file (run `bidirl profile` first)")
@@ -365,12 +370,14 @@ def run_pipeline(cfg: PipelineConfig, run_dir: Optional[Path] = None, first: Opt
             raise BidirlError(f"--resume: pipeline '{cfg.name}' has no launch stage to resume")
         from bidirl.runtime.launch import check_resumable
 
-        check_resumable(str(Path(run_dir) / "launch") if run_dir else None, cfg)
+        skipped = check_resumable(str(Path(run_dir) / "launch") if run_dir else None, cfg)
         first = "launch"
     if first is not None:
         stages = rerun_stages(cfg, first, only)
         cfg, summary = restored(cfg, run_dir, first, resume, only)
         preflight(dataclasses.replace(cfg, stages=stages))
+        for warning in skipped if resume else []:  # (once nothing else refuses the resume)
+            say(warning)
         run = RunDir.existing(cfg, run_dir)
         again = "resuming its launch stage" if resume else f"again from stage '{first}'{', only' if only else ''}"
         say(f"run directory: {run.path} ({again})")

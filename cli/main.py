@@ -186,13 +186,15 @@ def launch(
     def action() -> None:
         from bidirl.planner import live_partition, live_prior
         from bidirl.runtime.launch import check_devices, check_plan, check_resumable
+        from bidirl.ui import say
 
         chosen = list(overrides or [])
         asked = _config(pipeline, chosen)
-        if resume is not None:
-            check_resumable(str(resume), asked)
+        skipped = check_resumable(str(resume), asked) if resume is not None else []
         check_plan(asked)  # impossible settings and missing devices: one line, before any note or download
         check_devices(asked, topology_of(asked, nnodes, node_rank, nproc_per_node, rdzv_endpoint))
+        for warning in skipped:  # (newer checkpoints that do not verify, said once nothing refused the resume)
+            say(warning)
         chosen += live_partition(asked)  # cluster.rollout_devices=0: the planner's split
         cfg = _config(pipeline, chosen)
         topology = topology_of(cfg, nnodes, node_rank, nproc_per_node, rdzv_endpoint)

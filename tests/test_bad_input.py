@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bidirl.runtime.checkpoints import seal
+from tests.test_checkpoints import controller_state
 
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ def files(tmp: Path) -> dict:
     moved = tmp / "moved-run"  # a checkpoint at version 2 whose partition has its primary in the rollout pool
     (moved / "checkpoints" / ".partial-v00002").mkdir(parents=True)
     (moved / "config.yaml").write_text("name: moved\n")
-    seal(moved / "checkpoints" / ".partial-v00002", {"version": 2, "groups_per_step": 16, "policy": "async",
+    seal(moved / "checkpoints" / ".partial-v00002", {**controller_state(moved, 2, 16), "policy": "async",
                                                       "homes": ["train", "rollout"], "primary": 1}, 3)
     (tmp / "weightless").mkdir()  # a model config, and no weights beside it
     (tmp / "weightless" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
@@ -60,7 +61,7 @@ def files(tmp: Path) -> dict:
     (piped / "config.yaml").write_text("name: piped\n")
     (piped / "summary.json").write_text(json.dumps({"status": "failed", "stages": ["launch"]}))
     (piped / "launch" / "config.yaml").write_text("name: piped\n")
-    seal(piped / "launch" / "checkpoints" / ".partial-v00002", {"version": 2, "groups_per_step": 16}, 3)
+    seal(piped / "launch" / "checkpoints" / ".partial-v00002", controller_state(piped / "launch", 2, 16), 3)
     return {"tmp": tmp}
 
 
@@ -161,6 +162,8 @@ CASES = {
     "resume on a partition without its primary trainer": (["launch", TINY, "--resume", "{tmp}/moved-run",
                                                            "cluster.devices=2", "launch.mode=async",
                                                            "train.prompts_per_step=16"], "(primary 1) does not fit"),
+    "resume a checkpoint missing what a resume reads": (["launch", TINY, "--resume", "{tmp}/done-run", "train.steps=8",
+                                                         "train.prompts_per_step=16"], "no 'untrained_groups'"),
     "resume a pipeline run without its launch": (["run", TINY, "stages=[plan,launch]", "--resume", "{tmp}/old-run"],
                                                  "old-run/launch: not a run directory"),
     # names
@@ -180,6 +183,12 @@ CASES = {
 }
 
 
+def cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory):
     return files(tmp_path_factory.mktemp("bad"))
@@ -188,6 +197,8 @@ def bad(tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, bad, tmp_path):
     args, culprit = CASES[case]
+    if "cluster.device_type=cuda" in args and cuda_here():
+        pytest.skip("this machine has CUDA: the case is a CPU machine's")
     args = [a.format(**bad) for a in args]
     out = tmp_path / "runs"
     if not any(a.startswith("output_dir=") for a in args):
@@ -216,3 +227,15 @@ def test_a_resume_refused_in_pre_flight_leaves_the_run_it_names_as_it_was(bad, t
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
     assert "train.zero_stage" in result.stderr
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before  # nothing written or changed
+
+
+def test_a_model_folder_without_weights_is_refused_only_where_a_stage_loads_them_here(bad):
+    from bidirl.errors import BidirlError
+    from bidirl.pipeline import preflight
+    from tests.builders import small_config
+
+    weightless = f"model.source={bad['tmp'] / 'weightless'}"
+    preflight(small_config(weightless, "stages=[prepare_model]"))  # (prepared for the planner: its config.json only)
+    preflight(small_config(weightless, "stages=[evaluate]"), devices_here=False)  # (a dry run: another machine's)
+    with pytest.raises(BidirlError, match="weightless: no weights there"):
+        preflight(small_config(weightless, "stages=[evaluate]"))

@@ -386,7 +386,7 @@ def test_a_checkpoint_of_the_last_version_resumes_only_to_finish_a_run_that_died
     from tests.builders import small_config
 
     cfg = small_config("train.steps=4", "train.prompts_per_step=8")
-    last = Checkpoint(Path("v00004"), 4, {"groups_per_step": 8})
+    last = Checkpoint(Path("v00004"), 4, controller_state(Path("run"), 4, 8))
     check_compatible(last, cfg, finishing=True)  # (its final checkpoint and evaluation were left: it finishes them)
     with pytest.raises(BidirlError, match="nothing is left to train \\(raise train.steps to continue\\)"):
         check_compatible(last, cfg)
@@ -582,3 +582,28 @@ def test_an_edited_manifest_does_not_verify_and_a_resume_from_it_alone_is_one_li
     assert verify(path).startswith(why)
     line = one_line_error(launched(run, "train.steps=4"))
     assert "none of its checkpoints verifies against its MANIFEST.json" in line and why in line, line
+
+
+def test_a_model_folder_resumed_by_another_spelling_or_as_its_hub_id_is_the_same_and_two_hub_ids_are_not(
+        tmp_path, monkeypatch):
+    from bidirl.errors import BidirlError
+    from bidirl.runtime.checkpoints import check_same_model
+    from tests.builders import small_config
+
+    folder = tmp_path / "models" / "m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
+    monkeypatch.chdir(tmp_path)
+    resumable_run(tmp_path / "run", small_config("model.source=models/m"))
+    checkpoint = latest_good(tmp_path / "run", lambda _: None)
+    check_same_model(checkpoint, small_config(f"model.source={folder}"))  # (typed from elsewhere: one folder)
+    check_same_model(checkpoint, small_config("model.source=org/m"))  # (a hub id and a folder: cannot tell)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 16}))
+    with pytest.raises(BidirlError, match="model.source=models/m .*configured with model.source="):
+        check_same_model(checkpoint, small_config(f"model.source={copy}"))  # (another architecture)
+    hub = tmp_path / "hub-run"
+    resumable_run(hub, small_config("model.source=org/a"))
+    with pytest.raises(BidirlError, match="model.source=org/a .*configured with model.source=org/b"):
+        check_same_model(latest_good(hub, lambda _: None), small_config("model.source=org/b"))

@@ -152,7 +152,7 @@ def test_a_recorded_staleness_bound_below_the_staleness_run_is_refused():
     ("train.lr=-1", "key 'train.lr' must be above 0"),
     ("model.tiny.sft_lr=0", "key 'model.tiny.sft_lr' must be above 0"),
     ("rollout.temperature=0", "key 'rollout.temperature' must be above 0"),
-    ("train.max_grad_norm=-1", "key 'train.max_grad_norm' must be above 0"),
+    ("train.max_grad_norm=-1", "key 'train.max_grad_norm' must be 0 (no clipping) or a gradient-norm bound above 0"),
     ("seed=99999999999999999999999", "key 'seed' must be at most 2**32 - 1"),
     ("model.tiny.sft_steps=0", "key 'model.tiny.sft_steps' must be at least 1"),
     ("model.tiny.num_heads=3", "'model.tiny.num_heads' (3)"),
@@ -180,3 +180,13 @@ def test_a_file_giving_a_section_a_value_or_a_list_a_section_names_the_key(write
     with pytest.raises(ConfigError) as error:
         load_config(write_yaml(text))
     assert str(error.value).endswith(f"pipeline.yaml: {message}")
+
+
+def test_the_tiny_models_shape_is_checked_only_for_the_tiny_model_and_a_clip_of_0_means_none(write_yaml):
+    cfg = load_config(write_yaml("name: x\n"), ["model.source=smollm2", "model.tiny.num_heads=3", "train.max_grad_norm=0"])
+    assert cfg.model.tiny.num_heads == 3 and cfg.train.max_grad_norm == 0
+
+
+def test_a_quoted_value_that_happens_to_be_a_key_set_on_the_command_line_is_not_blamed_on_it(write_yaml):
+    with pytest.raises(ConfigError, match=r"pipeline.yaml: unknown stage 'seed'"):
+        load_config(write_yaml("name: x\nstages: [seed]\n"), ["seed=1"])

@@ -290,8 +290,8 @@ def test_a_finish_held_up_by_a_member_that_never_reached_the_reduce_names_it_and
     assert c.lease_wait() == 0.0  # (the deadline: 10 s, the lease timeout the run derives, passed at t=20)
     c.say_if_the_reduce_waits()
     (line,) = said
-    assert "has waited 30.0 s: device(s) 0 (lent) never reached the reduce, which holds device(s) 1 (the primary " \
-           "trainer) in it" in line
+    assert "has waited 30.0 s: device(s) 0 (lent) had not said it reached the reduce, which holds device(s) 1 " \
+           "(the primary trainer) in it" in line
     assert c.report.slow_reduces == [{"t": 30.0, "batch": 3, "waiting_for": [0, 1], "not_in_reduce": [0]}]
     c.say_if_the_reduce_waits()
     assert len(said) == 1 and c.lease_wait() is None  # said once; nothing else to wait for

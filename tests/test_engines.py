@@ -422,3 +422,13 @@ def test_the_hf_engine_serves_generations_one_after_the_other(model_dir):
     assert [(kind, name) for kind, name, _ in events] == [("over", "first"), ("over", "second")]
     assert [len(s.completion_ids) for s in events[0][2]] == [6] * 6
     assert [len(s.completion_ids) for s in events[1][2]] == [3] * 2
+
+
+def test_a_gradient_clip_of_0_clips_nothing_as_deepspeed_and_trl_read_it(model_dir):
+    samples = HFRolloutEngine(model_dir).generate(PROMPTS, PARAMS)
+    unclipped, unbounded = (TorchTrainEngine(model_dir, small_config(f"train.max_grad_norm={bound}")) for bound in (0, 1e9))
+    start = [p.detach().clone() for p in unclipped.parameters()]
+    for trainer in (unclipped, unbounded):
+        train_one_step(trainer, copy.deepcopy(samples))
+    assert any(not p.equal(q) for p, q in zip(unclipped.parameters(), start))  # (a clip at 0 would zero the step)
+    assert all(p.equal(q) for p, q in zip(unclipped.parameters(), unbounded.parameters()))

@@ -358,7 +358,7 @@ def test_a_lent_device_that_stalls_after_its_last_micro_batch_holds_the_reduce_w
     # (the primary, which takes in the lent device's gradients, waits in the same collective: it is named as
     # held there, and the lent device, which never said it entered the reduce, as the one that holds it)
     assert re.search(r"batch \d+: its finish \(gradient reduce, then the optimizer step\) has waited 10\.\d s: "
-                     r"device\(s\) 0 \(lent\) never reached the reduce, which holds device\(s\) 1 \(the primary "
+                     r"device\(s\) 0 \(lent\) had not said it reached the reduce, which holds device\(s\) 1 \(the primary "
                      r"trainer\) in it", " ".join(output.split()))  # (unwrapped)
     summary = json.loads((run_dir(tmp_path) / "summary.json").read_text())
     (slow,) = summary["slow_reduces"]

@@ -103,7 +103,9 @@ class TorchTrainEngine:
         loss.backward()
 
     def _optimizer_step(self) -> float:
-        grad_norm = self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
+        # (0 = no clipping, as DeepSpeed and TRL read it: an infinite bound measures the norm and scales nothing)
+        bound = self.cfg.train.max_grad_norm or float("inf")
+        grad_norm = self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), bound)
         self.optimizer.step()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -41,7 +41,9 @@ def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] =
     if source == "smollm2":
         return prepare_smollm2(Path(cfg.model.cache_dir), report)
     if is_local(source):
-        return PreparedModel(str(check_model_folder(source)), source, read_info(Path(source).expanduser()))
+        # (weights are checked where a stage will load them: pipeline.check_inputs, launch; a folder may be
+        # prepared for the planner, which reads its config.json only)
+        return PreparedModel(str(check_model_folder(source, weights=False)), source, read_info(Path(source).expanduser()))
     return prepare_hub(source, report)
 
 
@@ -50,9 +52,10 @@ def is_local(source: str) -> bool:
     return source not in ("tiny", "smollm2") and (Path(source).expanduser().exists() or source.startswith((".", "/", "~")))
 
 
-def check_model_folder(source: str) -> Path:
+def check_model_folder(source: str, weights: bool = True) -> Path:
     """A local model folder that can be loaded: it exists and holds a readable ``config.json`` naming its
-    ``model_type``; else one line naming it. Checked before any run directory exists."""
+    ``model_type`` and (unless ``weights`` is off: a folder read for its architecture only) weights; else one
+    line naming it. Checked before any run directory exists."""
     path = Path(source).expanduser()
     if not path.is_dir():
         raise BidirlError(f"model.source {source!r}: no such model folder")
@@ -64,7 +67,7 @@ def check_model_folder(source: str) -> Path:
         raise BidirlError(f"{path}/config.json: not a readable model config ({type(exc).__name__})") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise BidirlError(f"{path}/config.json: no 'model_type' (not a Hugging Face model config)")
-    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+    if weights and not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise BidirlError(f"{path}: no weights there ({', '.join(WEIGHT_FILES)}): a model folder needs them beside "
                           "config.json")
     return path
@@ -97,8 +100,11 @@ def prepare_hub(repo_id: str, report: Optional[Callable[[str], None]] = None) ->
     if report:
         report(f"resolving {repo_id} from the Hugging Face hub (downloaded once, then reused from its cache)")
     try:
-        with hub_retries_quiet():
-            folder = snapshot_download(repo_id, allow_patterns=HUB_FILES)
+        try:  # (the local cache first: offline, the hub client retries for 20 s before it looks there)
+            folder = snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True)
+        except Exception:  # (not cached, or cached without every file asked for: fetch it)
+            with hub_retries_quiet():
+                folder = snapshot_download(repo_id, allow_patterns=HUB_FILES)
     except Exception as exc:  # offline and not cached, no such repo, no network: all one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BidirlError(f"model.source {repo_id!r}: cannot fetch it from the hub or find it in the local cache "

@@ -186,7 +186,9 @@ STATE_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "leaving": (lambda v: isinstance(v, list) and all(_whole(i) for i in v), "a list of device numbers"),
     "report": (lambda v: isinstance(v, dict), "a mapping"),
 }
-REQUIRED = ("version",)  # (latest_good's; check_compatible requires groups_per_step, the resume reads the rest)
+REQUIRED = ("version",)  # (latest_good's; check_compatible requires what a resume reads: RESUMED)
+# what the resume reads unconditionally (Controller.resume_from, RunReport.resume); every checkpoint holds them
+RESUMED = ("groups_per_step", "untrained_groups", "staleness", "report")
 REPORT_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {  # (RunReport.checkpoint_state: all of them)
     "snapshots": (lambda v: isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and _whole(p[0])
                                                          and isinstance(p[1], str) for p in v),
@@ -247,7 +249,8 @@ def check_compatible(checkpoint: Checkpoint, cfg: "PipelineConfig", finishing: b
     """The run ``cfg`` describes can continue from ``checkpoint``: the same model (:func:`check_same_model`),
     the same batch, and steps left to train -- or, ``finishing``, none left: a checkpoint of the last version
     from a run that died after training (in its final checkpoint or its evaluation), which resuming finishes."""
-    check_state(checkpoint.state, checkpoint.path / CONTROLLER_FILE, ("groups_per_step",), ("groups_per_step",))
+    where = checkpoint.path / CONTROLLER_FILE
+    check_state(checkpoint.state, where, ("groups_per_step",), ("groups_per_step",))
     check_same_model(checkpoint, cfg)
     trained = checkpoint.state["groups_per_step"]
     if trained != cfg.train.prompts_per_step:
@@ -256,6 +259,9 @@ def check_compatible(checkpoint: Checkpoint, cfg: "PipelineConfig", finishing: b
     if checkpoint.version > cfg.train.steps or (checkpoint.version == cfg.train.steps and not finishing):
         raise BidirlError(f"{checkpoint.path}: the checkpoint is at version {checkpoint.version}, and train.steps="
                           f"{cfg.train.steps}: nothing is left to train (raise train.steps to continue)")
+    check_state(checkpoint.state, where, RESUMED, RESUMED)  # (before torchrun, not as a KeyError inside it)
+    if "prompts" not in checkpoint.state and "drawn_groups" not in checkpoint.state:
+        raise BidirlError(f"{where}: no 'prompts' (nor the older 'drawn_groups'): the checkpoint cannot be resumed from")
 
 
 # What makes the checkpoint's weights load into the model this run builds, and be the same network.
@@ -304,11 +310,29 @@ def check_same_model(checkpoint: Checkpoint, cfg: "PipelineConfig") -> None:
 
 
 def _same(key: str, trained: Any, configured: Any) -> bool:
+    """Is the recorded value the configured one? For ``model.source`` a folder and a hub id may name one
+    model (a hub model's local snapshot, a relative path typed from elsewhere): two folders are compared by
+    their ``config.json``; a folder and a hub id, or a folder no longer there, cannot be told apart and pass
+    (the weights' shapes are still checked as they load). Two built-in names, or two hub ids, must match."""
     if trained == configured:
         return True
     if key != "model.source" or not isinstance(trained, str) or {trained, configured} & {"tiny", "smollm2"}:
         return False
-    return Path(trained).expanduser().resolve() == Path(configured).expanduser().resolve()  # (one folder, two spellings)
+    folders = [Path(source).expanduser() for source in (trained, configured) if Path(source).expanduser().is_dir()]
+    if len(folders) < 2:
+        return not (_hub_id(trained) and _hub_id(configured))
+    return _model_config(folders[0]) == _model_config(folders[1])
+
+
+def _hub_id(source: str) -> bool:
+    return not Path(source).expanduser().exists() and not source.startswith((".", "/", "~")) and source.count("/") == 1
+
+
+def _model_config(folder: Path) -> Any:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def partition(checkpoint: Checkpoint, policy: str, devices: int) -> Optional[Tuple[List[Role], int]]:

@@ -533,7 +533,7 @@ class Controller:
                                          "waiting_for": waiting, "not_in_reduce": outside})
         if outside:  # (a member that never got to the reduce holds every other member in it)
             held = [d for d in waiting if d in step.in_reduce]
-            where = (f"device(s) {self.named(outside)} never reached the reduce"
+            where = (f"device(s) {self.named(outside)} had not said it reached the reduce"
                      + (f", which holds device(s) {self.named(held)} in it" if held else ""))
         else:  # (every member got there: the collective itself is slow, or a member's optimizer step after it)
             where = f"device(s) {self.named(waiting)} are in the reduce or the optimizer step after it, and slow there"

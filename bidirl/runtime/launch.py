@@ -166,13 +166,15 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     the controller writes the run into (the ``launch`` stage's, inside a pipeline's run directory);
     default a new run directory under ``output_dir``, named now so that a restarted controller finds it.
     ``resume``: ``run_path`` is an existing run, to continue from its latest good checkpoint."""
-    from bidirl.models.sources import prepare_model
+    from bidirl.models.sources import check_model_folder, is_local, prepare_model
     from bidirl.rundir import new_run_path
     from bidirl.runtime_env import prepare_process
     from bidirl.ui import say
 
     check_plan(cfg)  # (a --resume was checked by the caller, before it wrote anything)
     check_devices(cfg, topo)  # before anything is downloaded
+    if is_local(cfg.model.source):  # (every device loads its weights)
+        check_model_folder(cfg.model.source)
     prepare_process(cfg.cluster.device_type)
     model = prepare_model(cfg, report=say)
     if cfg.cluster.device_type == "cuda":
@@ -197,12 +199,12 @@ def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:
     return {key: "lo" for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in environ}
 
 
-def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
-    """``--resume RUN``: a run directory with a checkpoint that verifies, checked before anything starts
-    (a newer one that does not verify is skipped with a warning, as the controller will)."""
+def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> List[str]:
+    """``--resume RUN``: a run directory with a checkpoint that verifies, checked before anything starts.
+    Returns a warning for each newer one that does not verify, skipped as the controller will skip it: the
+    caller says them once its other checks have passed (a refused command prints its one line only)."""
     from bidirl.runtime.checkpoints import FOLDER, check_compatible, latest_good, partition, sealed
     from bidirl.sched.assembly import assemble
-    from bidirl.ui import say
 
     if not run_path or not os.path.isdir(run_path) or not os.path.isfile(os.path.join(run_path, "config.yaml")):
         raise BidirlError(f"--resume {run_path}: not a run directory (no config.yaml there)")
@@ -224,8 +226,7 @@ def check_resumable(run_path: Optional[str], cfg: PipelineConfig) -> None:
             assemble(cfg.launch.mode, cfg.run_shape(), cfg.live_driver(), resumed=resumed)
     except ValueError as exc:
         raise BidirlError(f"--resume {run_path}: {checkpoint.path}: {exc}") from None
-    for warning in warnings:
-        say(warning)
+    return warnings
 
 
 def finished(run_path: str) -> bool:
