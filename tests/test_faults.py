@@ -183,6 +183,20 @@ def test_a_group_stopped_by_an_error_a_restart_cannot_fix_is_not_described_as_de
     assert not stopped_on_an_error(unmarked)  # (its own line says what; restarts were not stopped for it)
 
 
+def test_a_checkpoint_a_restarted_controller_cannot_resume_from_stops_every_later_restart(monkeypatch):
+    import bidirl.runtime.main as main
+    from bidirl.errors import BidirlError
+
+    def unresumable(cfg, restart):  # (say a controller.json edited while the run went on)
+        raise BidirlError("checkpoints/v00002/controller.json: no 'staleness': the checkpoint cannot be resumed from")
+
+    monkeypatch.setattr(main, "_open_run", unresumable)
+    marked = []
+    with pytest.raises(BidirlError):
+        main._control(None, None, 2, "", None, 1, marked.append)
+    assert marked == ["checkpoints/v00002/controller.json: no 'staleness': the checkpoint cannot be resumed from"]
+
+
 @pytest.mark.slow
 def test_a_dead_process_with_no_restarts_left_ends_the_run_in_one_line_naming_it(tmp_path):
     launcher, deadline = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "launch.max_restarts=0"), \

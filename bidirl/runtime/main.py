@@ -90,7 +90,13 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, 
     from bidirl.runtime.launch import prior_from_environment
     from bidirl.ui import say
 
-    run, resume = _open_run(cfg, restart)
+    from bidirl.errors import BidirlError
+
+    try:
+        run, resume = _open_run(cfg, restart)
+    except BidirlError as exc:  # (a checkpoint that cannot be resumed from: the same in every attempt)
+        stop_restarts(str(exc))
+        raise
     say(f"run directory: {run.path}")
     try:
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
