@@ -163,8 +163,12 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     chosen = live_partition(cfg)
     cfg = load_config(resolved, chosen)
     out = run.path / "launch"
-    code = launch(str(resolved), chosen, cfg, topology_of(cfg), prior=live_prior(cfg), run_path=str(out),
-                  resume=bool(state.get("resume")))
+    try:
+        code = launch(str(resolved), chosen, cfg, topology_of(cfg), prior=live_prior(cfg), run_path=str(out),
+                      resume=bool(state.get("resume")))
+    except KeyboardInterrupt as interrupted:  # (the pipeline's run directory is what resumes, not launch/ in it)
+        raise KeyboardInterrupt(f"its launch stage's checkpoints (if any) resume with `bidirl run PIPELINE --resume "
+                                f"{run.path}`" if str(interrupted) else "") from None
     if code:
         raise RunFailed(f"launch: the runtime exited with code {code} (its output is above; its files: {out})")
     summary = json.loads((out / "summary.json").read_text())

@@ -72,8 +72,8 @@ def _guard(action: Callable[[], None], debug: bool) -> None:
             raise
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exc.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
+    except KeyboardInterrupt as exc:  # (its message, where a command gives one: how to resume)
+        typer.echo(f"interrupted{': ' + str(exc) if str(exc) else ''}", err=True)
         raise typer.Exit(130)
 
 

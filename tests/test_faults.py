@@ -20,12 +20,12 @@ HARD_TIMEOUT_S = 600
 STEPS, EVERY = 9, 3
 
 
-def start(root: Path, *overrides, env=None) -> subprocess.Popen:
+def start(root: Path, *overrides, env=None, **popen) -> subprocess.Popen:
     args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache", *SMALL,
             "cluster.devices=2", f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}", "logging.eval_every=3",
             "launch.max_restarts=1", *overrides]
     return subprocess.Popen(BIDIRL + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, **popen)
 
 
 def wait_for(condition, process: subprocess.Popen, deadline: float) -> None:
@@ -105,6 +105,25 @@ def assert_every_step_trained_exactly_once(run: Path) -> dict:
 
 
 ROLLOUT, PRIMARY = 0, 1  # with cluster.rollout_devices=1: device 0 rolls out, device 1 is the primary trainer
+
+
+def test_ctrl_c_ends_a_live_run_in_one_line_naming_how_to_resume_and_keeps_its_checkpoints(tmp_path):
+    # as a terminal's Ctrl-C: SIGINT to the whole process group (the CLI, torchrun, every rank); the run is
+    # started as a terminal would start it, with SIGINT's default action (a background shell ignores it)
+    launcher, deadline = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "train.steps=40",
+                               start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)), \
+        time.time() + HARD_TIMEOUT_S
+    runs = tmp_path / "runs"
+    wait_for(lambda: runs.is_dir() and any(runs.iterdir()), launcher, deadline)
+    (run,) = runs.iterdir()
+    wait_for(lambda: checkpoint_and_a_later_step(run, launcher, ROLLOUT), launcher, deadline)
+    os.killpg(launcher.pid, signal.SIGINT)
+    output = ended(launcher, deadline)
+    assert launcher.returncode == 130 and "Traceback" not in output and "death signal" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1] == f"interrupted: its checkpoints (if any) resume with --resume {run}"
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"  # (closed, not left half-written)
+    assert sealed(run / FOLDER) and all(verify(checkpoint) is None for checkpoint in sealed(run / FOLDER))
 
 
 @pytest.mark.slow

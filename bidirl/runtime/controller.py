@@ -75,6 +75,7 @@ said, naming the members that never reached it (each member says when it enters:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -284,11 +285,13 @@ class Controller:
             summary = {**self.report.summary(self.cluster, self.policy.label, rl_seconds, curve),
                        "checkpoint": checkpoint.path, "final_version": self.cluster.version,
                        "estimates": self.estimates_summary(), "replanning": self.replanning_summary()}
-        except Unrecoverable as exc:  # marked before anything else can fail (a full disk) or kill this process
-            self.stop_restarts(str(exc))
+        except BaseException as failure:
+            if isinstance(failure, Unrecoverable):  # marked before anything else can fail (a full disk) or kill us
+                self.stop_restarts(str(failure))
+            with contextlib.suppress(Exception):  # (after Ctrl-C torchrun may have closed the store: the failure
+                self.stop_workers()  # is the news, not that)
             raise
-        finally:
-            self.stop_workers()
+        self.stop_workers()
         return summary
 
     def dispatch(self, event: ev.Event) -> None:

@@ -109,18 +109,37 @@ def bind_stores_to_loopback(args) -> None:
 
 
 def main(argv: list) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(argv)
     if args.standalone:
         bind_stores_to_loopback(args)
+    quiet_about_ctrl_c()
     try:
         run(args)
     except ChildFailedError as exc:
         print(f"error: {describe_failures(exc.failures, args.max_restarts)}", file=sys.stderr)
         return 2 if user_error(exc.failures) else 1
+    except SignalException as exc:  # (Ctrl-C or a kill: the ranks were stopped; `bidirl launch` says what)
+        return 128 + int(exc.sigval)
     return 0
+
+
+def quiet_about_ctrl_c() -> None:
+    """torchrun's agent logs a Ctrl-C as a warning per process it stops ("Received 2 death signal", "Sending
+    process ... closing signal SIGINT"): the user pressed it, and `bidirl launch` says it once. Other
+    signals' lines (a SIGTERM from a scheduler, a failed rank's group stopped) stay."""
+    import logging
+    import signal
+
+    def not_ctrl_c(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (f"Received {int(signal.SIGINT)} death signal" in text or text.endswith("closing signal SIGINT"))
+
+    for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
+        logging.getLogger(name).addFilter(not_ctrl_c)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ GPUs. One OpenMP thread per process by default, because processes share the CPU 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -186,7 +187,20 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
     env[RESUME_VARIABLE] = "1" if resume else ""
     command = torchrun_command(cfg_path, overrides, cfg, topo)
     say("launching: " + " ".join(command[1:]))
-    return subprocess.call(command, env=env)
+    return wait_for(subprocess.Popen(command, env=env), env[RUN_PATH_VARIABLE])
+
+
+def wait_for(torchrun: "subprocess.Popen", run_path: str) -> int:
+    """torchrun's exit code. A Ctrl-C reaches it and every rank too (one process group): the controller
+    closes the run directory as interrupted, so it is waited for before the interruption goes on, with the
+    run to resume named (a second Ctrl-C stops waiting)."""
+    try:
+        return torchrun.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
+            torchrun.wait(timeout=60)
+        resume = f"its checkpoints (if any) resume with --resume {run_path}" if os.path.isdir(run_path) else ""
+        raise KeyboardInterrupt(resume) from None
 
 
 def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:

@@ -19,11 +19,14 @@ every member, which rules out deadlock.
 from __future__ import annotations
 
 import datetime
+import math
+import time
 from typing import Any, Dict, Optional, Tuple
 
 from bidirl.runtime.wire import decode, encode
 
 PREFIX = "ctl/"
+WAIT_SLICE_S = 1.0  # the longest a wait for a message holds off a Ctrl-C (Mailbox._arrived)
 
 
 def _key(queue: str, n: int) -> str:
@@ -32,8 +35,9 @@ def _key(queue: str, n: int) -> str:
 
 
 class Mailbox:
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, interruptible: bool = False):
         self.store = store
+        self.interruptible = interruptible  # waits in slices (_arrived): the controller's, for Ctrl-C
         self.sent: Dict[str, int] = {}  # queue -> messages written
         self.taken: Dict[str, int] = {}  # queue -> messages read
         self.peeked: Optional[Tuple[Tuple[str, int], Any]] = None  # (queue, n) -> its message, read, not taken
@@ -46,18 +50,36 @@ class Mailbox:
     def _take(self, queue: str, timeout: Optional[float] = None) -> Any:
         n = self.taken.get(queue, 0)
         key = _key(queue, n)
-        if timeout is not None:
-            try:
-                self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout)))
-            except RuntimeError:  # (the store's timeout): nothing arrived in time
-                return None
         if self.peeked is not None and self.peeked[0] == (queue, n):  # (read already: peek_command)
             message = self.peeked[1]
+        elif self._arrived(key, timeout):
+            message = decode(self.store.get(key))
         else:
-            message = decode(self.store.get(key))  # blocks until the message exists
+            return None  # nothing arrived in time
         self.store.delete_key(key)
         self.taken[queue] = n + 1
         return message
+
+    def _arrived(self, key: str, timeout: Optional[float]) -> bool:
+        """Waits for ``key`` (at most ``timeout`` seconds; None: as long as it takes). An ``interruptible``
+        mailbox waits in slices of a second: a wait inside the store's C++ call holds off Python's signal
+        handlers, so a Ctrl-C would reach the controller only when torchrun kills it, and it could not close
+        the run directory. (Each slice that ends empty is a C++ warning: the controller logs errors only.)"""
+        from torch.distributed import DistStoreError
+
+        if timeout is None and not self.interruptible:
+            return True  # (the get blocks until it is there)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if self.interruptible:
+                left = min(WAIT_SLICE_S, left)
+            try:
+                self.store.wait([key], datetime.timedelta(seconds=max(0.001, left)))
+                return True
+            except DistStoreError:  # (the store's timeout; a closed connection is another error, and raises)
+                if time.monotonic() >= deadline:
+                    return False
 
     # controller side
     def send(self, device: int, message: Any) -> None:

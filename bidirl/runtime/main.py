@@ -21,6 +21,7 @@ ChooseFor = Callable[[Any], Callable[[float], int]]
 # not meet them again).
 FATAL_KEY = "bidirl/fatal"
 STOPPED_EXIT = 3  # (2 is a BidirlError's own exit: the rank that met the error says it)
+INTERRUPTED_EXIT = 130  # (Ctrl-C, as a shell reports it)
 
 
 def main(argv: list, choose_for: Optional[ChooseFor] = None) -> int:
@@ -31,9 +32,12 @@ def main(argv: list, choose_for: Optional[ChooseFor] = None) -> int:
     except BidirlError as exc:
         print(f"error (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C, on the controller: it has closed the run directory as interrupted, and
+        return INTERRUPTED_EXIT  # `bidirl launch` says it once, with how to resume
 
 
 def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
+    take_ctrl_c()
     import torch
     import torch.distributed as dist
 
@@ -69,7 +73,7 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     model_path = os.environ["BIDIRL_MODEL_PATH"]
     store = dist.PrefixStore(f"bidirl/{restart}", shared)
     store.set_timeout(_timedelta(cfg.launch.collective_timeout_s))
-    mailbox = Mailbox(store)
+    mailbox = Mailbox(store, interruptible=rank == 0)
     if rank == 0:
         choose = choose_for(cfg) if choose_for and cfg.cluster.replan_every else None
         return _control(cfg, mailbox, devices, model_path, choose, restart, stop_restarts)
@@ -81,6 +85,21 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
     Worker(cfg, mailbox, rank - 1, devices, model_path, store=store, receiver_mailbox=Mailbox(receiver_store),
            placement=describe(placement, cfg.cluster.device_type)).run()  # (its write errors go to the controller)
     return 0
+
+
+def take_ctrl_c() -> None:
+    """A Ctrl-C reaches every rank (one process group). A device worker has nothing to save (the controller
+    seals checkpoints), and it may be waiting inside a C++ call (its next command, a collective), where
+    Python's handler would run only once that returns: it takes the signal's default action and ends at once,
+    without a traceback. The controller closes the run directory as interrupted: its waits for replies are
+    cut into slices (``Mailbox(interruptible=True)``), and, since a store wait that times out is a C++
+    warning, its C++ log prints errors only (it runs no collective whose warnings would matter)."""
+    import signal
+
+    if os.environ.get("RANK", "0") != "0":
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    else:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (read as torch loads, just after)
 
 
 def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, stop_restarts) -> int:
