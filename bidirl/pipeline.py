@@ -167,7 +167,7 @@ def stage_launch(cfg: PipelineConfig, run: RunDir, state: State) -> None:
         code = launch(str(resolved), chosen, cfg, topology_of(cfg), prior=live_prior(cfg), run_path=str(out),
                       resume=bool(state.get("resume")))
     except KeyboardInterrupt as interrupted:  # (the pipeline's run directory is what resumes, not launch/ in it)
-        raise KeyboardInterrupt(f"its launch stage's checkpoints (if any) resume with `bidirl run PIPELINE --resume "
+        raise KeyboardInterrupt(f"its launch stage's checkpoints resume with `bidirl run PIPELINE --resume "
                                 f"{run.path}`" if str(interrupted) else "") from None
     if code:
         raise RunFailed(f"launch: the runtime exited with code {code} (its output is above; its files: {out})")
@@ -185,7 +185,11 @@ def stage_compare(cfg: PipelineConfig, run: RunDir, state: State) -> None:
     resolved = run.path / "compare.yaml"  # the config as the stages before left it (the profile, say)
     resolved.write_text(to_yaml(cfg))
     done = {cfg.launch.mode: state["summary"]["launch"]["dir"]} if "launch" in state["summary"] else {}
-    rows = compare(cfg, str(resolved), [], list(cfg.compare.baselines), run.path, done, log_table=run.table)
+    try:
+        rows = compare(cfg, str(resolved), [], list(cfg.compare.baselines), run.path, done, log_table=run.table)
+    except KeyboardInterrupt:  # (a compared run is not resumed: the stage runs again)
+        raise KeyboardInterrupt(f"the comparison runs again with `bidirl run PIPELINE --from compare --run-dir "
+                                f"{run.path}`") from None
     state["summary"]["compare"] = {r.name: {"samples_per_s": r.samples_per_s, "where": r.where, "split": r.split,
                                             "accuracy_end": r.accuracy_end} for r in rows}
 

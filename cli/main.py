@@ -322,6 +322,8 @@ def compare(
                 rows = run_compare(cfg, str(path), extra, names, run.path, log_table=run.table)
         except BaseException as failure:
             run.finish_after(failure)
+            if isinstance(failure, KeyboardInterrupt):  # (a compared run is not resumed: `bidirl compare` runs again)
+                raise KeyboardInterrupt() from None
             raise
         run.finish({"status": "ok", "stages": ["compare"], "compare": [r.name for r in rows]})
         from bidirl.report import write_report

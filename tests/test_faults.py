@@ -108,8 +108,9 @@ ROLLOUT, PRIMARY = 0, 1  # with cluster.rollout_devices=1: device 0 rolls out, d
 
 
 def test_ctrl_c_ends_a_live_run_in_one_line_naming_how_to_resume_and_keeps_its_checkpoints(tmp_path):
-    # as a terminal's Ctrl-C: SIGINT to the whole process group (the CLI, torchrun, every rank); the run is
-    # started as a terminal would start it, with SIGINT's default action (a background shell ignores it)
+    # as a terminal's Ctrl-C: SIGINT to the foreground process group (the CLI and torchrun, which sends it on to
+    # every rank); the run is started as a terminal starts it, with SIGINT's default action (a background shell
+    # ignores it)
     launcher, deadline = start(tmp_path, "launch.mode=async", "cluster.rollout_devices=1", "train.steps=40",
                                start_new_session=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)), \
@@ -121,7 +122,7 @@ def test_ctrl_c_ends_a_live_run_in_one_line_naming_how_to_resume_and_keeps_its_c
     os.killpg(launcher.pid, signal.SIGINT)
     output = ended(launcher, deadline)
     assert launcher.returncode == 130 and "Traceback" not in output and "death signal" not in output, output[-3000:]
-    assert output.strip().splitlines()[-1] == f"interrupted: its checkpoints (if any) resume with --resume {run}"
+    assert output.strip().splitlines()[-1] == f"interrupted: its checkpoints resume with --resume {run}"
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"  # (closed, not left half-written)
     assert sealed(run / FOLDER) and all(verify(checkpoint) is None for checkpoint in sealed(run / FOLDER))
 
@@ -202,17 +203,19 @@ def test_a_group_stopped_by_an_error_a_restart_cannot_fix_is_not_described_as_de
     assert not stopped_on_an_error(unmarked)  # (its own line says what; restarts were not stopped for it)
 
 
-def test_a_checkpoint_a_restarted_controller_cannot_resume_from_stops_every_later_restart(monkeypatch):
+def test_a_checkpoint_a_restarted_controller_cannot_resume_from_stops_every_later_restart(monkeypatch, tmp_path):
     import bidirl.runtime.main as main
     from bidirl.errors import BidirlError
+    from bidirl.runtime import checkpoints
 
-    def unresumable(cfg, restart):  # (say a controller.json edited while the run went on)
+    def unresumable(path, warn):  # (say a controller.json edited while the run went on)
         raise BidirlError("checkpoints/v00002/controller.json: no 'staleness': the checkpoint cannot be resumed from")
 
-    monkeypatch.setattr(main, "_open_run", unresumable)
+    monkeypatch.setattr(checkpoints, "latest_good", unresumable)
+    monkeypatch.setenv("BIDIRL_RUN_PATH", str(tmp_path))
     marked = []
     with pytest.raises(BidirlError):
-        main._control(None, None, 2, "", None, 1, marked.append)
+        main._open_run(None, 1, marked.append)
     assert marked == ["checkpoints/v00002/controller.json: no 'staleness': the checkpoint cannot be resumed from"]
 
 

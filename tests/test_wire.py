@@ -84,3 +84,20 @@ def test_the_mailbox_carries_messages_through_a_real_store_without_pickle():
     assert controller.next_event(timeout=1).version == 3
     controller.publish("plan", msg.Plan(0, (Role.TRAIN, Role.ROLLOUT), "/tmp/run"))
     assert json.loads(store.get(PREFIX + "plan"))["$t"] == "Plan"  # what the store holds is JSON
+
+
+def test_the_controllers_mailbox_waits_in_slices_yet_still_fails_a_wait_past_the_stores_timeout():
+    import datetime
+
+    import torch.distributed as dist
+
+    from bidirl.runtime.mailbox import Mailbox
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=1.5))
+    controller = Mailbox(store, interruptible=True)  # (one-second slices, so that a Ctrl-C reaches it)
+    assert controller.next_event(timeout=0.2) is None  # nothing within a timeout given: no message
+    with pytest.raises(dist.DistStoreError, match="within the store's timeout"):
+        controller.next_event()  # no timeout given: the store's own still ends a wait nothing ends
+    Mailbox(store).post(msg.StepDone(version=1, reduce_s=0.0, device=0))
+    assert controller.next_event().version == 1

@@ -287,7 +287,8 @@ class Controller:
                        "estimates": self.estimates_summary(), "replanning": self.replanning_summary()}
         except BaseException as failure:
             if isinstance(failure, Unrecoverable):  # marked before anything else can fail (a full disk) or kill us
-                self.stop_restarts(str(failure))
+                with contextlib.suppress(Exception):
+                    self.stop_restarts(str(failure))
             with contextlib.suppress(Exception):  # (after Ctrl-C torchrun may have closed the store: the failure
                 self.stop_workers()  # is the news, not that)
             raise

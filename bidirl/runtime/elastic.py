@@ -130,13 +130,15 @@ def main(argv: list) -> int:
 def quiet_about_ctrl_c() -> None:
     """torchrun's agent logs a Ctrl-C as a warning per process it stops ("Received 2 death signal", "Sending
     process ... closing signal SIGINT"): the user pressed it, and `bidirl launch` says it once. Other
-    signals' lines (a SIGTERM from a scheduler, a failed rank's group stopped) stay."""
+    signals' lines (a SIGTERM from a scheduler, a failed rank's group stopped) stay, and so does its line
+    for a rank it had to kill after its shutdown timeout."""
     import logging
     import signal
 
-    def not_ctrl_c(record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        return not (f"Received {int(signal.SIGINT)} death signal" in text or text.endswith("closing signal SIGINT"))
+    def not_ctrl_c(record: logging.LogRecord) -> bool:  # (by the record's arguments: a Signals enum prints as
+        args = record.args if isinstance(record.args, tuple) else ()  # "2" or "Signals.SIGINT" by Python version)
+        return not (("death signal" in str(record.msg) or "closing signal" in str(record.msg))
+                    and signal.SIGINT in args)
 
     for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
         logging.getLogger(name).addFilter(not_ctrl_c)

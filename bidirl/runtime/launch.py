@@ -191,16 +191,26 @@ def launch(cfg_path: str, overrides: List[str], cfg: PipelineConfig, topo: Topol
 
 
 def wait_for(torchrun: "subprocess.Popen", run_path: str) -> int:
-    """torchrun's exit code. A Ctrl-C reaches it and every rank too (one process group): the controller
-    closes the run directory as interrupted, so it is waited for before the interruption goes on, with the
-    run to resume named (a second Ctrl-C stops waiting)."""
+    """torchrun's exit code. A Ctrl-C reaches torchrun too (one process group), which stops every rank; the
+    controller closes the run directory as interrupted. So torchrun is waited for (up to its own shutdown
+    timeout and a margin; a second Ctrl-C stops waiting, and torchrun is told to end) before the
+    interruption goes on, naming the run to resume if it has a checkpoint."""
+    from bidirl.runtime.checkpoints import FOLDER, sealed
+
     try:
         return torchrun.wait()
     except KeyboardInterrupt:
-        with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
-            torchrun.wait(timeout=60)
-        resume = f"its checkpoints (if any) resume with --resume {run_path}" if os.path.isdir(run_path) else ""
+        try:
+            torchrun.wait(timeout=TORCHRUN_SHUTDOWN_S)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):  # (or only this process got the Ctrl-C)
+            torchrun.terminate()
+            with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
+                torchrun.wait(timeout=10)
+        resume = f"its checkpoints resume with --resume {run_path}" if sealed(Path(run_path) / FOLDER) else ""
         raise KeyboardInterrupt(resume) from None
+
+
+TORCHRUN_SHUTDOWN_S = 90  # torchrun's agent waits 30 s for its ranks to stop, then kills them: a margin over it
 
 
 def loopback_env(topo: Topology, environ: Dict[str, str]) -> Dict[str, str]:

@@ -19,7 +19,6 @@ every member, which rules out deadlock.
 from __future__ import annotations
 
 import datetime
-import math
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -68,18 +67,23 @@ class Mailbox:
         from torch.distributed import DistStoreError
 
         if timeout is None and not self.interruptible:
-            return True  # (the get blocks until it is there)
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
+            return True  # (the get blocks until it is there, or the store's own timeout fails it)
+        # (without a timeout, the store's own still fails a wait nothing ends: a dead peer fails the run)
+        limit = time.monotonic() + (self.store.timeout.total_seconds() if timeout is None else timeout)
         while True:
-            left = deadline - time.monotonic()
+            left = limit - time.monotonic()
             if self.interruptible:
                 left = min(WAIT_SLICE_S, left)
             try:
                 self.store.wait([key], datetime.timedelta(seconds=max(0.001, left)))
                 return True
             except DistStoreError:  # (the store's timeout; a closed connection is another error, and raises)
-                if time.monotonic() >= deadline:
-                    return False
+                if time.monotonic() < limit:
+                    continue
+                if timeout is None:
+                    raise DistStoreError(f"{key}: no message within the store's timeout "
+                                         f"({self.store.timeout.total_seconds():g} s)") from None
+                return False
 
     # controller side
     def send(self, device: int, message: Any) -> None:

@@ -88,18 +88,20 @@ def _run(argv: list, choose_for: Optional[ChooseFor]) -> int:
 
 
 def take_ctrl_c() -> None:
-    """A Ctrl-C reaches every rank (one process group). A device worker has nothing to save (the controller
+    """A Ctrl-C reaches torchrun's agent, which sends SIGINT on to every rank (each in its own session) and
+    kills those still there after its shutdown timeout. A device worker has nothing to save (the controller
     seals checkpoints), and it may be waiting inside a C++ call (its next command, a collective), where
     Python's handler would run only once that returns: it takes the signal's default action and ends at once,
-    without a traceback. The controller closes the run directory as interrupted: its waits for replies are
-    cut into slices (``Mailbox(interruptible=True)``), and, since a store wait that times out is a C++
-    warning, its C++ log prints errors only (it runs no collective whose warnings would matter)."""
+    without a traceback. (A restart or a failed group is stopped with SIGTERM, as before.) The controller
+    closes the run directory as interrupted: its waits for replies are cut into slices
+    (``Mailbox(interruptible=True)``), and, since a store wait that times out is a C++ warning, its C++ log
+    prints errors only, whatever TORCH_CPP_LOG_LEVEL says (it runs no collective whose warnings would help)."""
     import signal
 
     if os.environ.get("RANK", "0") != "0":
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     else:
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (read as torch loads, just after)
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"  # (read as torch loads, just after)
 
 
 def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, stop_restarts) -> int:
@@ -109,13 +111,7 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, 
     from bidirl.runtime.launch import prior_from_environment
     from bidirl.ui import say
 
-    from bidirl.errors import BidirlError
-
-    try:
-        run, resume = _open_run(cfg, restart)
-    except BidirlError as exc:  # (a checkpoint that cannot be resumed from: the same in every attempt)
-        stop_restarts(str(exc))
-        raise
+    run, resume = _open_run(cfg, restart, stop_restarts)
     say(f"run directory: {run.path}")
     try:
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
@@ -128,7 +124,7 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, 
     return 0
 
 
-def _open_run(cfg, restart: int):
+def _open_run(cfg, restart: int, stop_restarts: Callable[[str], None] = lambda why: None):
     """The run directory, and the checkpoint to resume from: ``bidirl launch --resume RUN`` asks for the
     latest good one (there must be one); so does a restart by torchrun after a process died (none yet:
     the run starts again from version 0, in the same directory)."""
@@ -142,9 +138,14 @@ def _open_run(cfg, restart: int):
     asked = os.environ.get(RESUME_VARIABLE) == "1"
     if not (asked or restart) or path is None or not os.path.exists(path):
         return RunDir(cfg, path=path), None
-    resume = latest_good(path, warn=say)
-    if resume is None and asked:
-        raise BidirlError(f"--resume {path}: it holds no good checkpoint (checkpoints/v*/ with a valid MANIFEST.json)")
+    try:  # (a checkpoint that cannot be resumed from is the same in every attempt: later restarts end at once)
+        resume = latest_good(path, warn=say)
+        if resume is None and asked:
+            raise BidirlError(f"--resume {path}: it holds no good checkpoint (checkpoints/v*/ with a valid "
+                              "MANIFEST.json)")
+    except BidirlError as exc:
+        stop_restarts(str(exc))
+        raise
     if restart:
         say(f"restart {restart} after a process failed: " + (f"resuming from {resume.path}" if resume
                                                              else "no checkpoint yet, starting again from version 0"))
