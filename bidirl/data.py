@@ -102,8 +102,10 @@ def _load_rows(source: str, split: str) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
-    # (its json reader logs its own "Failed to load JSON" line first: ours below says it once)
-    datasets.logging.get_logger("datasets.packaged_modules.json.json").setLevel(datasets.logging.CRITICAL)
+    # (its json and parquet readers log their own "Failed to load JSON" / "Failed to read schema" line first:
+    # ours below says it once)
+    for reader in ("json.json", "parquet.parquet"):
+        datasets.logging.get_logger(f"datasets.packaged_modules.{reader}").setLevel(datasets.logging.CRITICAL)
     path = Path(source).expanduser()
     if path.is_dir():
         candidates = [path / f"{split}.{ext}" for ext in ("jsonl", "json", "parquet")]

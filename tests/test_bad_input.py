@@ -28,6 +28,7 @@ def files(tmp: Path) -> dict:
     (tmp / "empty.jsonl").write_text("")
     (tmp / "words.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "two"}) + "\n")
     (tmp / "a-file").write_text("not a directory")
+    (tmp / "torn.parquet").write_text("not parquet")
     (tmp / "torn.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n{broken\n")
     (tmp / "nested.yaml").write_text("name: x\nstages: [[evaluate]]\n")
     (tmp / "twice.yaml").write_text("name: x\ntrain:\n  steps: 5\n  steps: 6\n")
@@ -75,6 +76,7 @@ CASES = {
     "a nested list of stages": (["run", "{tmp}/nested.yaml"], "key 'stages'"),
     "a key given twice": (["run", "{tmp}/twice.yaml"], "twice.yaml:4"),
     "an interpolation naming nothing": (["run", TINY, "--dry-run", "name=${{oops}}"], "key 'name'"),
+    "a file that is not parquet": (["evaluate", TINY, *GSM8K, "data.path={tmp}/torn.parquet"], "torn.parquet"),
     "a malformed line in a JSONL file": (["evaluate", TINY, *GSM8K, "data.path={tmp}/torn.jsonl"], "torn.jsonl"),
     # unknown keys and wrong types
     "unknown key": (["run", TINY, "train.lrr=0.1"], "train.lrr"),
