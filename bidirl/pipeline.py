@@ -327,7 +327,7 @@ def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:
 def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], show: Callable[..., None]) -> None:
     """The dry run's plan (where one is needed) and every node's torchrun command (with a launch stage)."""
     from bidirl.planner import describe_model, needs_planning, plan, planned_overrides, print_plan, with_instances
-    from bidirl.runtime.launch import check_plan, torchrun_command, topology_of
+    from bidirl.runtime.launch import torchrun_command, topology_of
 
     chosen = list(overrides)
     if not cfg.cluster.instance_devices:  # the live engines run one device each
@@ -341,8 +341,7 @@ def plan_and_commands(cfg: PipelineConfig, cfg_path: str, overrides: List[str], 
             print_plan(result)
             show(f"planned on {describe_model(cfg)}: {' '.join(planned_overrides(cfg, result))}")
             chosen += planned_overrides(cfg, result)
-    if "launch" in cfg.stages:
-        check_plan(cfg)
+    if "launch" in cfg.stages:  # (its partition was checked by preflight, as the run's would be)
         topology = topology_of(cfg)
         for node in range(topology.nnodes):
             command = torchrun_command(cfg_path, chosen, cfg, dataclasses.replace(topology, node_rank=node))

@@ -101,18 +101,14 @@ def _count(cfg: PipelineConfig, source: str) -> ModelSpec:
 
 
 def hub_config(repo_id: str) -> Any:
-    """A hub model's config: from the local cache if it is there (no network wait), else fetched, with the
-    hub client's retry warnings kept quiet (offline, they are a dozen lines over 20 s before the error)."""
+    """A hub model's config: from the local cache if it is there (no network wait), else fetched."""
+    import functools
+
     from transformers import AutoConfig
 
-    from bidirl.models.sources import hub_retries_quiet
+    from bidirl.models.sources import from_hub_cache_first
 
-    try:
-        return AutoConfig.from_pretrained(repo_id, local_files_only=True)
-    except OSError:
-        pass
-    with hub_retries_quiet():
-        return AutoConfig.from_pretrained(repo_id)
+    return from_hub_cache_first(functools.partial(AutoConfig.from_pretrained, repo_id), misses=(OSError,))
 
 
 def device_budget(cfg: PipelineConfig, spec: ModelSpec) -> DeviceBudget:

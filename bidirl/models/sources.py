@@ -18,11 +18,11 @@ would trust.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
@@ -32,6 +32,7 @@ from bidirl.models.cache import INFO_FILE, PreparedModel, cached_entry, read_inf
 __all__ = ["INFO_FILE", "PreparedModel", "load_model", "prepare_model"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+T = TypeVar("T")
 
 
 def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
@@ -79,16 +80,21 @@ WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # (what from_pretrained 
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]  # no .bin/.pt/.gguf duplicates
 
 
-@contextmanager
-def hub_retries_quiet() -> Iterator[None]:
-    """The hub client's warnings off for a call: offline, each retry is a warning, a dozen lines over 20 s
-    before the error that a caller turns into one line anyway."""
+def from_hub_cache_first(fetch: Callable[..., T], misses: Tuple[type, ...] = (Exception,)) -> T:
+    """``fetch(local_files_only=True)`` (a hub call: a config, a snapshot); where that misses (raises one of
+    ``misses``: not cached, or not every file asked for), ``fetch()`` from the hub with its client's
+    warnings off. Offline, the client retries for 20 s before it looks in the cache, a warning a retry, a
+    dozen lines before the error that a caller turns into one line anyway."""
     from huggingface_hub.utils import logging as hub_logging
 
+    try:
+        return fetch(local_files_only=True)
+    except misses:
+        pass
     level = hub_logging.get_verbosity()
     hub_logging.set_verbosity_error()
     try:
-        yield
+        return fetch()
     finally:
         hub_logging.set_verbosity(level)
 
@@ -100,11 +106,7 @@ def prepare_hub(repo_id: str, report: Optional[Callable[[str], None]] = None) ->
     if report:
         report(f"resolving {repo_id} from the Hugging Face hub (downloaded once, then reused from its cache)")
     try:
-        try:  # (the local cache first: offline, the hub client retries for 20 s before it looks there)
-            folder = snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True)
-        except Exception:  # (not cached, or cached without every file asked for: fetch it)
-            with hub_retries_quiet():
-                folder = snapshot_download(repo_id, allow_patterns=HUB_FILES)
+        folder = from_hub_cache_first(functools.partial(snapshot_download, repo_id, allow_patterns=HUB_FILES))
     except Exception as exc:  # offline and not cached, no such repo, no network: all one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BidirlError(f"model.source {repo_id!r}: cannot fetch it from the hub or find it in the local cache "

@@ -64,10 +64,10 @@ class Mailbox:
         mailbox waits in slices of a second: a wait inside the store's C++ call holds off Python's signal
         handlers, so a Ctrl-C would reach the controller only when torchrun kills it, and it could not close
         the run directory. (Each slice that ends empty is a C++ warning: the controller logs errors only.)"""
-        from torch.distributed import DistStoreError
-
         if timeout is None and not self.interruptible:
             return True  # (the get blocks until it is there, or the store's own timeout fails it)
+        from torch.distributed import DistStoreError
+
         # (without a timeout, the store's own still fails a wait nothing ends: a dead peer fails the run)
         limit = time.monotonic() + (self.store.timeout.total_seconds() if timeout is None else timeout)
         while True:
