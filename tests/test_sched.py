@@ -393,6 +393,15 @@ def test_when_the_batch_is_smaller_than_a_chunk_per_device_every_rollout_device_
     assert sorted(a.device for a in actions) == list(range(8)) and {a.groups for a in actions} == {2}
 
 
+def test_a_batch_that_does_not_divide_evenly_is_shared_by_every_rollout_device_as_evenly_as_whole_groups_go():
+    # 20 groups on 8 devices: four of 3 and four of 2 (shares of ceil(20 / 8) = 3 left the last two devices idle)
+    policy = build_policy("areal")
+    cluster = Cluster(policy.homes(10, 8), batch_groups=20, eta=0, steps=2, chunk_groups=8, inflight_groups=64)
+    actions = policy.decide(ev.Started(), cluster)
+    assert sorted(a.device for a in actions) == list(range(8))
+    assert sorted(a.groups for a in actions) == [2, 2, 2, 2, 3, 3, 3, 3]
+
+
 @pytest.mark.parametrize("eta, takers", [(1, {1}), (2, {0, 1})])
 def test_no_new_groups_go_to_a_device_still_decoding_an_older_versions_tail_the_next_step_needs(eta, takers):
     from bidirl.sched.policies import fill_rollout

@@ -298,8 +298,8 @@ def test_results_do_not_depend_on_the_chunk_size_a_real_system_would_not_care_ab
         throughputs = [simulate(small(f"launch.chunk_groups={chunk}", "algorithm.staleness=1"), policy).samples_per_s
                        for chunk in (4, 8, 16)]
         # (bidirl's tail merges go device by device, and a lent trainer's expected lease is a chunk's
-        # time: within 2%)
-        assert max(throughputs) / min(throughputs) < (1.02 if policy == "bidirl" else 1.01), (policy, throughputs)
+        # time: within 2.5%; 2.05% since shares are as even as whole groups go, 1.4% before)
+        assert max(throughputs) / min(throughputs) < (1.025 if policy == "bidirl" else 1.01), (policy, throughputs)
 
 
 def test_every_policy_that_switches_pays_the_same_switch_the_performance_model_gives():
@@ -681,6 +681,17 @@ def test_a_streamed_step_finishes_soon_after_its_last_group_and_beats_waiting_fo
             starts = [r for r in streamed.cluster.trace if r["to"] == "training" and "streamed" in r["reason"]]
             assert starts and streamed.samples_per_s > 1.2 * whole.samples_per_s
             assert 0 < streamed.time_breakdown["train"]["tail"] < 1  # waiting for groups inside a step is idle time
+
+
+def test_where_steps_stream_the_primary_stays_home_and_starts_each_on_policy_step_on_its_first_group_done():
+    # lent to generate, the primary would be back only once its chunk's longest sequence ended, and no step
+    # starts without it: the batch generated whole, then trained whole
+    result = simulate(small("algorithm.staleness=0"), "bidirl", rollout_devices=2, keep_trace=True)
+    cluster = result.cluster
+    lent = {r["device"] for r in cluster.trace if r["role"] == "rollout" and r["home"] == "train"}
+    assert lent and cluster.primary not in lent  # the other trainers generate
+    starts = [r["reason"] for r in cluster.trace if r["to"] == "training" and r["device"] == cluster.primary]
+    assert len(starts) == 6 and all("streamed: 1/64 groups done" in reason for reason in starts)
 
 
 def test_workload_draws_are_the_standard_library_gaussians_bit_for_bit():

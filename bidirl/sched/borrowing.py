@@ -103,8 +103,12 @@ class VerlDynamicPolicy(AsyncPolicy):
             return
         for d in cluster.idle(Role.TRAIN):
             if d.home is Role.TRAIN and not d.after_work and d.version == cluster.version \
-                    and expected_wait > lease + self.warm_up_left(cluster, d):
+                    and expected_wait > lease + self.warm_up_left(cluster, d) and self.may_lend(cluster, d):
                 issue(cluster, actions, ev.Switch(d.index, Role.ROLLOUT, "trainer idle: lent to rollout"))
+
+    def may_lend(self, cluster: Cluster, trainer: Device) -> bool:
+        """May ``trainer``, idle, be lent to generate the next batch's open groups? Any trainer may here."""
+        return True
 
     def warm_up_left(self, cluster: Cluster, device: Device) -> float:
         """What ``device``'s rollout engine still has to warm up before it generates: all of the estimated
@@ -231,6 +235,16 @@ class BidirlPolicy(VerlDynamicPolicy):
                 del self.ahead[index]  # its chunk started (one per lease), or it never will: the lease ends
         if self.rollout_on_train:
             self.lend_ahead(cluster, actions, before)
+
+    def may_lend(self, cluster: Cluster, trainer: Device) -> bool:
+        """Not the primary, where steps stream and it has other trainers: no step starts without it, and a
+        streamed step could start on the first groups done (at eta 0, a few seconds into the batch), while
+        a lent primary is back only once its chunk's longest sequence ends, near the end of the batch. So
+        the step trained nothing while the batch generated, and all of it after (math eta 0, 7B on 32
+        H100s: 15 s of an 84 s step). Kept home, it starts the step on the first groups done, and the lent
+        trainers join it as their chunks end: the 15 s fell to 6-11 s. It costs the batch one of the
+        devices generating it."""
+        return not (self.streams_gradients and trainer.index == cluster.primary and cluster.pool_size(Role.TRAIN) > 1)
 
     def may_start_ahead(self, cluster: Cluster, device: Device) -> bool:
         """May ``device``, lent ahead, still start its chunk? Not once it has work in flight (its chunk, or

@@ -52,7 +52,9 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     Two placement rules every policy shares:
       * fair share: no device takes more than its share of the work that may be outstanding now, so a
         device that becomes free a moment before the others does not swallow the batch, and when the
-        batch is smaller than one chunk per device the chunks shrink instead of idling devices;
+        batch is smaller than one chunk per device the chunks shrink instead of idling devices. The shares
+        are as even as whole groups allow: N groups over n devices are N mod n shares of ceil(N / n) and
+        the rest floor(N / n);
       * older tails (``cluster.tail_placement``, the policy's own unless ``launch.tail_placement`` says):
         under ``TailPlacement.DUE``, no new groups to a device still decoding an older version's tail that
         the next step must contain (``Cluster.keeps_new_groups_off``): they would share its decode batch
@@ -76,20 +78,27 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
         return
     devices, inflight = cluster.devices, cluster.inflight
     outstanding = newest_limit - cluster.admitted + sum(inflight[i] for i in serving)
-    share = -(-outstanding // len(serving))
+    # the share: `outstanding` split as evenly as whole groups go, so `extra` devices hold one more (ceil for
+    # every device would leave the last ones nothing: 128 groups over 31 devices in shares of 5 is 26 devices)
+    low, extra = divmod(outstanding, len(serving))
+    high = low + 1 if extra else low
+    at_high = sum(1 for i in serving if inflight[i] >= high) if extra else 0
     # least loaded first (the heap orders by load, then index): the cheap test first, on every candidate, then
     # the one that rules out most of the rest (while admission is open beside older tails, every device
     # below its share is usually one of them)
-    heap = [(inflight[i], i) for i in pool if inflight[i] < share
+    heap = [(inflight[i], i) for i in pool if inflight[i] < high
             and not cluster.keeps_new_groups_off(devices[i], every_older_tail) and cluster.has_room(devices[i], 1)]
     heapq.heapify(heap)
     while heap and cluster.admitted < stop:
         _, index = heapq.heappop(heap)
         device = cluster.devices[index]
+        share = high if at_high < extra or not extra else low
         room = min(share, cluster.inflight_groups) - cluster.inflight[index]
         groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device), room, stop - cluster.admitted)
         if groups > 0 and cluster.has_room(device, groups) and cluster.can_admit(device, groups):
             issue(cluster, actions, ev.Generate(index, groups))
+            if extra and cluster.inflight[index] >= high:
+                at_high += 1
             if cluster.inflight[index] < share:
                 heapq.heappush(heap, (cluster.inflight[index], index))
 
