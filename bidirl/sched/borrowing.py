@@ -237,14 +237,26 @@ class BidirlPolicy(VerlDynamicPolicy):
             self.lend_ahead(cluster, actions, before)
 
     def may_lend(self, cluster: Cluster, trainer: Device) -> bool:
-        """Not the primary, where steps stream and it has other trainers: no step starts without it, and a
-        streamed step could start on the first groups done (at eta 0, a few seconds into the batch), while
-        a lent primary is back only once its chunk's longest sequence ends, near the end of the batch. So
-        the step trained nothing while the batch generated, and all of it after (math eta 0, 7B on 32
-        H100s: 15 s of an 84 s step). Kept home, it starts the step on the first groups done, and the lent
-        trainers join it as their chunks end: the 15 s fell to 6-11 s. It costs the batch one of the
-        devices generating it."""
-        return not (self.streams_gradients and trainer.index == cluster.primary and cluster.pool_size(Role.TRAIN) > 1)
+        """Not the primary, where steps stream, it has other trainers, and it pays to keep it home
+        (``primary_pays_home``): no step starts without it, and a streamed step could start on the first
+        groups done (at eta 0, a few seconds into the batch), while a lent primary is back only once its
+        chunk's longest sequence ends, near the end of the batch. So the step trained nothing while the
+        batch generated, and all of it after (math eta 0, 7B on 32 H100s: 8.5-18 s of a 78-86 s step). Kept
+        home, it starts the step on the first group done, and the lent trainers join it as their chunks
+        end: 6-11 s of training followed the last group."""
+        return not (self.streams_gradients and trainer.index == cluster.primary and cluster.pool_size(Role.TRAIN) > 1
+                    and self.primary_pays_home(cluster))
+
+    def primary_pays_home(self, cluster: Cluster) -> bool:
+        """Does the training a primary kept home overlaps with the batch's generation beat the generation
+        it then leaves to the others? Of U units, home it overlaps about half of a unit's share of the
+        step's work, T / 2U (traced: the training after the last group fell from 8.5-18 s to 6-11 s, of T / U
+        = 14.6 s); lent, it would generate its share of the batch, B g / U, and the other U - 1 end that much
+        sooner: B g / (U (U - 1)). So: T (U - 1) > 2 B g. With one-device units (U = 32) it holds by 3.5-15x in
+        the table's eta 0 rows; with instances of 8 devices (U = 4, 32B) it does not: there a unit is a
+        quarter of the cluster, and keeping it home cost 10%. Nothing measured yet: no."""
+        est, units = self.estimates, len(cluster.devices)
+        return est.train_batch_s * (units - 1) > 2 * cluster.B * est.generate_group_s > 0
 
     def may_start_ahead(self, cluster: Cluster, device: Device) -> bool:
         """May ``device``, lent ahead, still start its chunk? Not once it has work in flight (its chunk, or
