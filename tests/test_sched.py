@@ -393,16 +393,15 @@ def test_when_the_batch_is_smaller_than_a_chunk_per_device_every_rollout_device_
     assert sorted(a.device for a in actions) == list(range(8)) and {a.groups for a in actions} == {2}
 
 
-@pytest.mark.parametrize("units, train_batch_s, stays_home", [
-    (32, 468.5, True),  # math eta 0, 7B on one-device units: T (U - 1) = 14,524 against 2 B g = 2,289
-    (4, 255.1, False),  # math eta 0, 32B on instances of 8: 765 against 1,607 (home, it cost 10%)
-    (32, 0.0, False),  # nothing measured yet
+@pytest.mark.parametrize("units, per_group_s, train_batch_s, stays_home", [
+    (32, 4.47, 468.5, True),  # math eta 0, 7B on one-device units: T (U - 1) = 14,524 against 2 B g = 2,289
+    (4, 803.5 / 256, 255.1, False),  # math eta 0, 32B on instances of 8: 765 against 1,607 (home, it cost 10%)
+    (32, 4.47, 0.0, False),  # nothing measured yet
 ])
 def test_the_primary_stays_home_only_where_the_training_it_overlaps_beats_the_generation_it_leaves_to_others(
-        units, train_batch_s, stays_home):
+        units, per_group_s, train_batch_s, stays_home):
     from bidirl.sched.estimates import Estimates
 
-    per_group_s = 4.47 if units == 32 else 803.5 / 256
     policy = build_policy("bidirl", Estimates(per_group_s, train_batch_s, 0.5), 256)
     cluster = Cluster(policy.homes(units, 2), batch_groups=256, eta=0, steps=2, chunk_groups=8, streams=True)
     primary, other = cluster.devices[cluster.primary], cluster.at_home(Role.TRAIN)[-1]

@@ -92,7 +92,7 @@ def fill_rollout(cluster: Cluster, actions: List[ev.Action], chunk: int = 0, hom
     while heap and cluster.admitted < stop:
         _, index = heapq.heappop(heap)
         device = cluster.devices[index]
-        share = high if at_high < extra or not extra else low
+        share = high if at_high < extra else low  # with no remainder high == low
         room = min(share, cluster.inflight_groups) - cluster.inflight[index]
         groups = min(cluster.next_chunk_size(chunk), cluster.admissible(device), room, stop - cluster.admitted)
         if groups > 0 and cluster.has_room(device, groups) and cluster.can_admit(device, groups):
