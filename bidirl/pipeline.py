@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from bidirl.config import PipelineConfig, to_yaml
+from bidirl.config import DataConfig, PipelineConfig, to_yaml
 from bidirl.errors import BidirlError, NotBuiltYet, RunFailed
 from bidirl.report import write_report
 from bidirl.rundir import WANDB_GROUP_VARIABLE, RunDir
@@ -226,21 +226,16 @@ def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None, device
     """The data and the model a pipeline names, checked before anything is written: local data must load
     and hold problems with numeric answers; a local model folder must hold a readable config, and weights if
     a stage will load them here (not in a dry run, ``devices_here`` off); the tiny model needs a
-    reasoning-gym task; ``smollm2`` its package. Nothing is downloaded (a hub model: :func:`fetch_hub_model`,
-    the last check). ``stages``: those that will run (default: the pipeline's)."""
+    reasoning-gym task; ``smollm2`` its package. Nothing is downloaded (a hub model or dataset:
+    :func:`fetch_hub_inputs`, the last check). ``stages``: those that will run (default: the pipeline's)."""
     from bidirl.compare import is_here
     from bidirl.models.sources import check_model_folder, is_local
 
     stages = cfg.stages if stages is None else stages
     if not any(stage in INPUT_STAGES for stage in stages):
         return
-    if cfg.data.source == "reasoning_gym" or Path(cfg.data.path).expanduser().exists() \
-            or cfg.data.path.startswith((".", "/", "~")):
-        from bidirl.data import load_problems
-
-        if not load_problems(dataclasses.replace(cfg.data, eval_size=min(cfg.data.eval_size, 50)), "test"):
-            where = cfg.data.path if cfg.data.source == "gsm8k" else f"data.task={cfg.data.task}"
-            raise BidirlError(f"{where}: no problems in the held-out split (data.eval_size={cfg.data.eval_size})")
+    if not from_hub(cfg.data):
+        check_problems(cfg.data)
     if cfg.model.source == "tiny" and cfg.data.source != "reasoning_gym":
         raise BidirlError("model.source 'tiny' is trained on a reasoning_gym task; set data.source=reasoning_gym")
     if cfg.model.source == "tiny":
@@ -256,23 +251,40 @@ def check_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None, device
         smollm2_package_dir()  # (the package that ships it is installed)
 
 
-def fetch_hub_model(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> None:
-    """A hub model that a stage will prepare, resolved now: found in the hub's cache, or downloaded into it
-    once. So a name that cannot be fetched fails before the run directory exists (the stage then finds it
-    cached). Called last, after every check that needs no download."""
+def fetch_hub_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) -> None:
+    """A hub model and a hub dataset that the stages will use, fetched now: found in the hub's cache, or
+    downloaded into it once. So a name that cannot be had fails before the run directory exists (the stages
+    then find them cached). Called last, after every check that needs no download."""
     from bidirl.models.sources import is_local, prepare_hub
     from bidirl.ui import say
 
     stages = cfg.stages if stages is None else stages
-    if cfg.model.source not in ("tiny", "smollm2") and not is_local(cfg.model.source) \
-            and any(stage in INPUT_STAGES for stage in stages):
+    if not any(stage in INPUT_STAGES for stage in stages):
+        return
+    if cfg.model.source not in ("tiny", "smollm2") and not is_local(cfg.model.source):
         prepare_hub(cfg.model.source, report=say)
+    if from_hub(cfg.data):
+        check_problems(cfg.data)  # (datasets keeps what it downloads: the stages load it from there)
+
+
+def from_hub(data: DataConfig) -> bool:
+    """GSM8K named by a hub id (``openai/gsm8k``), not a local file or folder."""
+    return data.source == "gsm8k" and not (Path(data.path).expanduser().exists() or data.path.startswith((".", "/", "~")))
+
+
+def check_problems(data: DataConfig) -> None:
+    """The held-out split loads (the first 50 problems of it) and holds problems; else one line."""
+    from bidirl.data import load_problems
+
+    if not load_problems(dataclasses.replace(data, eval_size=min(data.eval_size, 50)), "test"):
+        where = data.path if data.source == "gsm8k" else f"data.task={data.task}"
+        raise BidirlError(f"{where}: no problems in the held-out split (data.eval_size={data.eval_size})")
 
 
 def preflight(cfg: PipelineConfig, devices_here: bool = True) -> None:
     """What the stages would reject, checked before anything is written: the data and model, the profile
     file, the plan; and, unless ``devices_here`` is off (a dry run, which may prepare another machine's
-    run), that this machine has the devices the stages will use, and, last, that a hub model can be had."""
+    run), that this machine has the devices the stages will use, and, last, that a hub model and dataset can be had."""
     check_inputs(cfg, devices_here=devices_here)
     if cfg.sim.profile:
         if not Path(cfg.sim.profile).is_file():
@@ -310,7 +322,7 @@ def preflight(cfg: PipelineConfig, devices_here: bool = True) -> None:
 
         compare_preflight(cfg, list(cfg.compare.baselines))
     if devices_here:  # (a dry run downloads nothing)
-        fetch_hub_model(cfg)
+        fetch_hub_inputs(cfg)
 
 
 def dry_run(cfg: PipelineConfig, cfg_path: str, overrides: List[str]) -> None:

@@ -301,7 +301,7 @@ def compare(
 
     def action() -> None:
         from bidirl.compare import compare as run_compare, is_here, parse_baselines, preflight
-        from bidirl.pipeline import check_inputs, fetch_hub_model, wandb_group
+        from bidirl.pipeline import check_inputs, fetch_hub_inputs, wandb_group
         from bidirl.rundir import RunDir
         from bidirl.runtime_env import prepare_process
 
@@ -317,7 +317,7 @@ def compare(
             check_inputs(cfg, stages=["compare"])
         preflight(cfg, names)  # bad input fails here, before the run directory exists
         if is_here(cfg):
-            fetch_hub_model(cfg, stages=["compare"])
+            fetch_hub_inputs(cfg, stages=["compare"])
         run = RunDir(cfg)
         try:
             with wandb_group(run.path.name):

@@ -216,18 +216,28 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_behind(case, bad, tmp_p
     assert sorted(p.name for p in bad["tmp"].iterdir()) == before  # nothing created or removed beside them
 
 
-def test_a_hub_model_neither_reachable_nor_cached_fails_before_the_run_directory_exists(tmp_path):
-    # (it was found by the prepare_model stage, inside a run directory left behind as failed)
+@pytest.mark.parametrize("hub_name, culprit", [
+    ("model.source=nosuchorg/nosuchmodel", "model.source 'nosuchorg/nosuchmodel': cannot fetch it from the hub"),
+    ("data.path=nosuchorg/nosuchdata", "nosuchorg/nosuchdata: cannot load from the hub"),
+])
+def test_a_hub_model_or_dataset_neither_reachable_nor_cached_fails_before_the_run_directory_exists(
+        hub_name, culprit, tmp_path):
+    # (they were found by the stages, inside a run directory left behind as failed)
     import os
 
     out = tmp_path / "runs"
-    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-hub")}
-    result = subprocess.run([BIDIRL, "run", TINY, "model.source=nosuchorg/nosuchmodel", f"output_dir={out}",
-                             f"model.cache_dir={tmp_path}/cache", "logging.wandb_mode=disabled"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=300, env=offline)
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    model = tmp_path / "model"  # (a model folder as the checks see one; the tiny model wants a reasoning-gym task)
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (model / "model.safetensors").write_text("")
+    data = ["data.source=gsm8k", f"model.source={model}"] if hub_name.startswith("data.") else []
+    result = subprocess.run([BIDIRL, "run", TINY, hub_name, *data, f"output_dir={out}", f"model.cache_dir={tmp_path}/cache",
+                             "logging.wandb_mode=disabled"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env=offline)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-    assert "model.source 'nosuchorg/nosuchmodel': cannot fetch it from the hub" in lines[0]
+    assert culprit in lines[0]
     assert not out.exists()
 
 
