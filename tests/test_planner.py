@@ -511,8 +511,8 @@ def test_a_close_call_on_the_planning_horizon_is_settled_on_twice_that_horizon_u
 
 @pytest.mark.slow  # (a minute: six instance sizes planned, each alternative simulated again)
 def test_every_instance_size_a_plan_lists_is_scored_on_the_one_horizon_its_close_call_settled_on():
-    # the one-device plan of the test above settles its close call on 48 steps; the other sizes' plans stop
-    # at 24, and are scored again on 48, so what a plan lists compares alike
+    # at math eta 0 one size's plan settles a close call on 48 steps; the other sizes' plans stop at 24, and
+    # are scored again on 48, so what a plan lists compares alike
     cfg = bidirl_at_math_eta_0()
     sized = plan(dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=0)))
     assert sized.horizon_steps == 48 and len({a["instance_devices"] for a in sized.alternatives}) > 1
