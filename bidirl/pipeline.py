@@ -255,13 +255,13 @@ def fetch_hub_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) ->
     """A hub model and a hub dataset that the stages will use, fetched now: found in the hub's cache, or
     downloaded into it once. So a name that cannot be had fails before the run directory exists (the stages
     then find them cached). Called last, after every check that needs no download."""
-    from bidirl.models.sources import is_local, prepare_hub
+    from bidirl.models.sources import is_hub, prepare_hub
     from bidirl.ui import say
 
     stages = cfg.stages if stages is None else stages
     if not any(stage in INPUT_STAGES for stage in stages):
         return
-    if cfg.model.source not in ("tiny", "smollm2") and not is_local(cfg.model.source):
+    if is_hub(cfg.model.source):
         prepare_hub(cfg.model.source, report=say)
     if from_hub(cfg.data):
         check_problems(cfg.data)  # (datasets keeps what it downloads: the stages load it from there)
@@ -269,7 +269,9 @@ def fetch_hub_inputs(cfg: PipelineConfig, stages: Optional[List[str]] = None) ->
 
 def from_hub(data: DataConfig) -> bool:
     """GSM8K named by a hub id (``openai/gsm8k``), not a local file or folder."""
-    return data.source == "gsm8k" and not (Path(data.path).expanduser().exists() or data.path.startswith((".", "/", "~")))
+    from bidirl.models.sources import is_hub
+
+    return data.source == "gsm8k" and is_hub(data.path)
 
 
 def check_problems(data: DataConfig) -> None:

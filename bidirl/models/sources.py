@@ -48,9 +48,17 @@ def prepare_model(cfg: PipelineConfig, report: Optional[Callable[[str], None]] =
     return prepare_hub(source, report)
 
 
+BUILT_IN = ("tiny", "smollm2")
+
+
 def is_local(source: str) -> bool:
     """A folder (or what is meant as one), as opposed to a hub id ``org/name`` or a built-in source."""
-    return source not in ("tiny", "smollm2") and (Path(source).expanduser().exists() or source.startswith((".", "/", "~")))
+    return source not in BUILT_IN and (Path(source).expanduser().exists() or source.startswith((".", "/", "~")))
+
+
+def is_hub(source: str) -> bool:
+    """A hub id ``org/name``: neither a built-in source nor a local folder or file."""
+    return source not in BUILT_IN and not is_local(source)
 
 
 def check_model_folder(source: str, weights: bool = True) -> Path:
