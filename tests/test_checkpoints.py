@@ -10,6 +10,7 @@ import pytest
 
 from bidirl.data import PromptSampler, Problem
 from bidirl.runtime.checkpoints import FOLDER, latest_good, partial_path, seal, sealed, verify
+from tests.builders import shared_model_cache
 
 
 def trainer_files(run: Path, version: int, payload: bytes = b"weights") -> Path:
@@ -457,7 +458,8 @@ def sealed_over(checkpoint_path: Path, name: str, text: str) -> None:
 
 def launched(run: Path, *args: str) -> subprocess.CompletedProcess:
     """``bidirl launch`` of the CPU tiny pipeline, resuming ``run`` (whatever it writes kept beside it)."""
-    keep = [f"output_dir={run.parent}/runs", f"model.cache_dir={run.parent}/cache", "logging.wandb_mode=disabled"]
+    keep = [f"output_dir={run.parent}/runs", f"model.cache_dir={shared_model_cache(run.parent)}",
+            "logging.wandb_mode=disabled"]
     return subprocess.run([BIDIRL, "launch", TINY, *keep, *args, "--resume", str(run)], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.builders import shared_model_cache
+
 BIDIRL = [str(Path(sys.executable).with_name("bidirl"))]
 TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=128", "model.tiny.sft_steps=2",
@@ -78,7 +80,7 @@ def test_debug_flag_shows_the_traceback():
 
 def test_run_writes_a_complete_run_directory(tmp_path):
     result = bidirl("run", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
-                    f"model.cache_dir={tmp_path}/cache", "stages=[prepare_model,evaluate]", *TINY)
+                    f"model.cache_dir={shared_model_cache(tmp_path)}", "stages=[prepare_model,evaluate]", *TINY)
     assert result.returncode == 0, result.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -95,7 +97,7 @@ def test_run_writes_a_complete_run_directory(tmp_path):
 
 def test_train_stage_writes_metrics_curve_and_checkpoint(tmp_path):
     result = bidirl("run", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
-                    f"model.cache_dir={tmp_path}/cache", "stages=[prepare_model,train]", "train.steps=3",
+                    f"model.cache_dir={shared_model_cache(tmp_path)}", "stages=[prepare_model,train]", "train.steps=3",
                     "logging.eval_every=2", "train.prompts_per_step=4", "rollout.group_size=4", *TINY)
     assert result.returncode == 0, result.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -245,7 +247,7 @@ def test_the_launch_stage_runs_the_runtime_inside_the_pipelines_run_directory(tm
         "train.steps=3", "logging.eval_every=3", "launch.collective_timeout_s=120"]
     result = bidirl("run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", "cluster.devices=2",
                     "launch.mode=async", "algorithm.staleness=1", f"output_dir={tmp_path}/runs",
-                    f"model.cache_dir={tmp_path}/cache", *small)
+                    f"model.cache_dir={shared_model_cache(tmp_path)}", *small)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()  # one run directory, the runtime's files inside it
     summary = json.loads((run / "summary.json").read_text())
@@ -294,8 +296,8 @@ def test_the_demo_pipeline_profiles_plans_launches_and_compares_into_one_run_dir
         "logging.wandb_mode=disabled", "train.lr=1e-3", "train.prompts_per_step=8", "train.micro_batch_size=8",
         "launch.chunk_groups=4", "train.steps=3", "logging.eval_every=3", "launch.collective_timeout_s=120",
         "compare.baselines=[verl,areal]"]
-    result = bidirl("run", "pipelines/cpu-demo.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
-                    *small)
+    result = bidirl("run", "pipelines/cpu-demo.yaml", f"output_dir={tmp_path}/runs",
+                    f"model.cache_dir={shared_model_cache(tmp_path)}", *small)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     summary = json.loads((run / "summary.json").read_text())
@@ -397,7 +399,7 @@ def test_compare_runs_the_real_trl_grpo_trainer_beside_the_reproduced_policies(t
         "launch.chunk_groups=4", "train.steps=3", "logging.eval_every=3", "launch.collective_timeout_s=120",
         "cluster.rollout_devices=1"]
     result = bidirl("compare", "pipelines/cpu-demo.yaml", f"output_dir={tmp_path}/runs",
-                    f"model.cache_dir={tmp_path}/cache", *small, "--baselines", "areal,trl")
+                    f"model.cache_dir={shared_model_cache(tmp_path)}", *small, "--baselines", "areal,trl")
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     rows = json.loads((run / "compare.json").read_text())

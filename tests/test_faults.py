@@ -14,16 +14,15 @@ import pytest
 
 from bidirl.runtime.checkpoints import FOLDER, sealed, verify
 from bidirl.runtime.replay import check_record, read_batches
-from tests.test_runtime import BIDIRL, SMALL, read_jsonl
+from tests.test_runtime import BIDIRL, SMALL, folders, read_jsonl
 
 HARD_TIMEOUT_S = 600
 STEPS, EVERY = 9, 3
 
 
 def start(root: Path, *overrides, env=None, **popen) -> subprocess.Popen:
-    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache", *SMALL,
-            "cluster.devices=2", f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}", "logging.eval_every=3",
-            "launch.max_restarts=1", *overrides]
+    args = ["launch", "pipelines/cpu-tiny.yaml", *folders(root), *SMALL, "cluster.devices=2", f"train.steps={STEPS}",
+            f"train.checkpoint_every={EVERY}", "logging.eval_every=3", "launch.max_restarts=1", *overrides]
     return subprocess.Popen(BIDIRL + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})}, **popen)
 
@@ -240,8 +239,7 @@ def test_a_finished_run_resumed_with_more_steps_continues_its_curve_in_the_same_
     output, _ = first.communicate(timeout=HARD_TIMEOUT_S)
     assert first.returncode == 0, output[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
-    more = subprocess.run(BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs",
-                                    f"model.cache_dir={tmp_path}/cache", *SMALL, "cluster.devices=2",
+    more = subprocess.run(BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", *folders(tmp_path), *SMALL, "cluster.devices=2",
                                     "launch.mode=async", "cluster.rollout_devices=1", f"train.steps={STEPS}",
                                     f"train.checkpoint_every={EVERY}", "logging.eval_every=3", "--resume", str(run)],
                           capture_output=True, text=True, timeout=HARD_TIMEOUT_S)
@@ -307,9 +305,9 @@ def test_a_disk_that_fills_during_a_checkpoint_stops_the_run_in_one_line_and_kee
 
 @pytest.mark.slow
 def test_a_pipeline_run_resumed_continues_its_launch_stage_and_runs_the_stages_after_it(tmp_path):
-    common = ["run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", f"output_dir={tmp_path}/runs",
-              f"model.cache_dir={tmp_path}/cache", *SMALL, "cluster.devices=2", "launch.mode=async",
-              "cluster.rollout_devices=1", f"train.checkpoint_every={EVERY}", "logging.eval_every=3"]
+    common = ["run", "pipelines/cpu-tiny.yaml", "stages=[prepare_model,launch]", *folders(tmp_path), *SMALL,
+              "cluster.devices=2", "launch.mode=async", "cluster.rollout_devices=1",
+              f"train.checkpoint_every={EVERY}", "logging.eval_every=3"]
     first = subprocess.run(BIDIRL + common + ["train.steps=6"], capture_output=True, text=True, timeout=HARD_TIMEOUT_S)
     assert first.returncode == 0, first.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()

@@ -15,6 +15,7 @@ from bidirl.perf.fitted import Fit, Profile, fit_decode, fit_line, least_squares
 from bidirl.profiling import CO_RUNNING_PAIRS, DECODE_PASSES, IDLE, LENGTH_BATCHES, TRAIN, paired_slowdown
 from bidirl.planner import fits_memory, load_plan, plan, planning_config, preflight, write_plan
 from bidirl.sim.run import perf_model, simulate
+from tests.builders import shared_model_cache
 
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 SMALL = ["cluster.devices=8", "train.prompts_per_step=64", "rollout.group_size=4", "train.steps=6",
@@ -557,7 +558,7 @@ TINY = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_
 def test_profile_measures_the_real_engines_and_the_planner_and_simulator_use_it(tmp_path):
     result = subprocess.run([BIDIRL, "profile", "pipelines/cpu-tiny.yaml", *TINY, "cluster.devices=2",
                              "train.prompts_per_step=16",  # a batch of two chunks (TINY's chunk: 8 groups)
-                             f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache"],
+                             f"output_dir={tmp_path}/runs", f"model.cache_dir={shared_model_cache(tmp_path)}"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()

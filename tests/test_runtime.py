@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from bidirl.sched.trace import switch_overheads
+from tests.builders import shared_model_cache
 
 BIDIRL = [str(Path(sys.executable).with_name("bidirl"))]
 SMALL = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
@@ -23,9 +24,13 @@ SMALL = ["model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.num
          "launch.collective_timeout_s=120"]
 
 
+def folders(root: Path) -> list:
+    """A run's output under ``root``; its base model built once for the session."""
+    return [f"output_dir={root}/runs", f"model.cache_dir={shared_model_cache(root)}"]
+
+
 def launch_args(root: Path, *overrides) -> list:
-    return BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={root}/cache",
-                     *SMALL, *overrides]
+    return BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", *folders(root), *SMALL, *overrides]
 
 
 def launch(root: Path, *overrides, topology=()):
@@ -182,7 +187,7 @@ def test_two_torchrun_agents_on_loopback_complete_a_run(tmp_path):
     port = 29000 + int(time.time() * 1000) % 1000
     common = ["cluster.devices=2", "launch.mode=async", "train.steps=2", "logging.eval_every=0"]
     first = subprocess.Popen(
-        BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+        BIDIRL + ["launch", "pipelines/cpu-tiny.yaml", *folders(tmp_path),
                   *SMALL, *common, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2",
                   "--rdzv-endpoint", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = launch(tmp_path, *common, topology=["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
@@ -323,7 +328,7 @@ def run_with_a_lent_device_stalled(tmp_path: Path, stall: str) -> str:
     ``BIDIRL_FAULT_STALL=stall`` says; it ends well, and its output is returned."""
     import os
 
-    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={tmp_path}/runs", f"model.cache_dir={tmp_path}/cache",
+    args = ["launch", "pipelines/cpu-tiny.yaml", *folders(tmp_path),
             *SMALL, "cluster.devices=2", "launch.mode=async-lend", "algorithm.staleness=0",
             "train.prompts_per_step=32", "train.micro_batch_size=8"]
     result = subprocess.run(BIDIRL + args, capture_output=True, text=True, timeout=600,
@@ -613,7 +618,10 @@ def test_borrowed_gradients_change_where_the_work_ran_and_nothing_else(tmp_path)
     assert any(item.device in s.lent for s in steps for item in s.items)
     assert check_record(steps, group_size=4, staleness=eta, groups_per_step=32) == []
 
-    (model,) = (tmp_path / "cache").iterdir()
+    from bidirl.config import load_config
+    from bidirl.models.base import tiny_cache_dir
+
+    model = tiny_cache_dir(load_config(str(root / "config.yaml"), []))  # the base model the run started from
     live = load_file(str(root / "checkpoint" / "model.safetensors"))
     base = load_file(str(model / "model.safetensors"))
     replayed = replay(root, str(model))

@@ -2,7 +2,8 @@
 
 Runs on CPU with gloo (DeepSpeed picks its CPU accelerator) and on GPUs with NCCL. The optimizer is
 torch's AdamW handed to ``deepspeed.initialize`` -- DeepSpeed's own CPU Adam would JIT-compile for
-minutes. Micro-batches accumulate into one optimizer step by marking only the last backward of a
+minutes. For the same reason its CPU shared-memory all-reduce is never built (``skip_shm_comm``).
+Micro-batches accumulate into one optimizer step by marking only the last backward of a
 batch as the gradient-accumulation boundary, so the GRPO batch semantics are the torch engine's.
 
 Without a process group (a single process, as in the synchronous loop) one is created over the
@@ -31,6 +32,8 @@ class DeepSpeedTrainEngine(TorchTrainEngine):
             import deepspeed
         except ImportError:
             raise BidirlError("train.engine=deepspeed needs DeepSpeed: pip install deepspeed") from None
+        if cfg.cluster.device_type == "cpu":
+            skip_shm_comm(deepspeed)
         _ensure_process_group(cfg.cluster.device_type, deepspeed, private_group)
         config: Dict[str, Any] = {
             "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
@@ -60,6 +63,14 @@ class DeepSpeedTrainEngine(TorchTrainEngine):
             with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
                 return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
         return super().state_dict()
+
+
+def skip_shm_comm(deepspeed: Any) -> None:
+    """DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce as its communication backend
+    starts (about 50 s of g++ on a machine that has not built it before), and only its inference kernels
+    call it (``inference_all_reduce``): ZeRO's reduces go through torch.distributed (gloo), and the
+    runtime reduces its own train groups. Marked incompatible, DeepSpeed does not build it."""
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def _ensure_process_group(device_type: str, deepspeed: Any, private: bool = False) -> None:
