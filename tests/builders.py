@@ -19,8 +19,9 @@ def small_model_dir(directory: Path, seed: int = 0) -> str:
 def shared_model_cache(test_folder: Path) -> Path:
     """The session's one cache of built base models, beside a test's own folder (each ``tmp_path`` and
     ``tmp_path_factory.mktemp`` folder is one of pytest's basetemp). A live run's launcher that finds its
-    tiny model built imports neither transformers nor torch: about 8 s less a run on 2 cores. (The cache's
-    entries are named by everything that builds them; the cache's own tests keep theirs apart.)"""
+    tiny model built neither builds it nor imports transformers and torch: about 8 s less a run on 2
+    cores. (The cache's entries are named by everything that builds them; the cache's own tests keep
+    theirs apart.)"""
     return test_folder.parent / "model-cache"
 
 
