@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,6 +74,29 @@ def test_a_half_written_cache_entry_is_rebuilt_not_trusted(tmp_path):
     rebuilt = prepare_model(cfg)
     assert rebuilt.path == path and not rebuilt.reused
     assert json.loads((tmp_path / "cache" / path.split("/")[-1] / INFO_FILE).read_text())["source"] == "tiny"
+
+
+def test_two_builds_of_one_cache_entry_at_once_keep_the_first_finished_where_it_is(tmp_path):
+    # (every node's launcher prepares its model, and on a shared filesystem they build into one cache: the
+    # first run to finish may be loading from its entry while the other finishes building)
+    from bidirl.models.cache import read_info, write_entry
+
+    entry = tmp_path / "cache" / "tiny-entry"
+
+    def build(folder: Path, name: str) -> dict:
+        (folder / "config.json").write_text("{}")
+        return {"source": name}
+
+    def built_while_another_finished(folder: Path) -> dict:
+        write_entry(entry, lambda other: build(other, "first"))
+        in_place["inode"] = entry.stat().st_ino
+        return build(folder, "second")
+
+    in_place = {}
+    second = write_entry(entry, built_while_another_finished)
+    assert second.path == str(entry) and second.info["source"] == read_info(entry)["source"] == "first"
+    assert entry.stat().st_ino == in_place["inode"]  # the same folder, never taken away
+    assert [p.name for p in entry.parent.iterdir()] == ["tiny-entry"]  # and the second build's folder is gone
 
 
 def test_corrupt_weights_give_one_clear_error(tmp_path):

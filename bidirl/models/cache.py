@@ -39,15 +39,27 @@ def cached_entry(directory: Path) -> Optional[PreparedModel]:
 
 
 def write_entry(directory: Path, build: Callable[[Path], Dict[str, Any]]) -> PreparedModel:
-    """Builds into a temporary sibling folder, writes the info file last, then renames into place."""
+    """Builds into a temporary sibling folder, writes the info file last, then renames into place.
+
+    Two processes may build the same entry at once: every node's launcher of a multi-node run prepares
+    its model, and a shared filesystem gives them one cache. The first to finish puts its entry in place;
+    the other keeps that one and drops its own, since the first one's run may already be loading from it
+    (replacing it would pull the folder from under those loads). Only an incomplete entry, left by an
+    interrupted build, is replaced."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
         info = build(tmp)
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
-        if directory.exists():
+        if directory.exists() and cached_entry(directory) is None:
             shutil.rmtree(directory)  # an incomplete entry left by an interrupted run
-        os.replace(tmp, directory)
+        try:
+            os.replace(tmp, directory)
+        except OSError:  # a complete entry is there: a folder is not renamed onto a folder that holds files
+            finished = cached_entry(directory)
+            if finished is None:
+                raise
+            return finished
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PreparedModel(str(directory), info.get("source", "cache"), info)
