@@ -28,7 +28,7 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
-demo: $(STAMP)  ## the whole method on 2 CPU devices: profile, plan, bidirl, compare (~6-10 min)
+demo: $(STAMP)  ## the whole method on 2 CPU devices: profile, plan, bidirl, compare (~6-14 min)
 	.venv/bin/bidirl run pipelines/cpu-demo.yaml
 
 test: $(STAMP)  ## the test suite, slow checks excluded (~22 min on 2 cores, measured from a clean clone)
