@@ -413,6 +413,19 @@ def test_simulate_asks_the_planner_for_each_policys_split_when_none_is_given(tmp
     assert fixed["areal"].cluster.rollout_devices == 3
 
 
+@pytest.mark.parametrize("bad, culprit", [
+    (["algorithm.staleness=0.5"], "a fractional bound needs count-only staleness"),
+    (["sim.model=32B"], "does not fit"),
+])
+def test_bad_input_for_any_policy_is_refused_before_the_first_is_planned(bad, culprit, monkeypatch):
+    # (each plan simulates its candidate splits for seconds: the last policy's bad input used to come after them)
+    import bidirl.planner as planner
+
+    monkeypatch.setattr(planner, "plan", lambda *a, **k: pytest.fail("planned before every policy was checked"))
+    with pytest.raises(BidirlError, match=culprit):
+        planner.planned_configs(small("cluster.rollout_devices=0", *bad), ["areal", "bidirl", "verl-async"])
+
+
 def test_asked_to_choose_the_instance_size_the_planner_plans_each_size_and_keeps_the_best():
     from bidirl.planner import instance_sizes, planned_configs
 

@@ -9,11 +9,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.helpers import in_background, map_in_helpers, warm_up
+from bidirl.helpers import in_background, warm_up
 from bidirl.sched.policy import policy_names
 from bidirl.sched.trace import CATEGORIES
-from bidirl.sim.run import SimResult, simulate
-from bidirl.ui import console, say
+from bidirl.sim.run import SimResult, check_simulation, simulate
+from bidirl.ui import console, progress_bar, say
 
 
 def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path,
@@ -43,12 +43,25 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional
     planned, replanners = planned or {}, replanners or {}
     configs = [(planned.get(name, cfg), name) for name in policies]
     warm_up(import_plotting)  # (the helpers import what the plots drawn next need while the simulations run)
+    results: List[SimResult] = []
     try:
-        if replanners:  # (a replanner is a closure: it runs here)
-            return [simulate(one, name, keep_trace=cfg.sim.gantt, replan=replanners.get(name),
-                             replan_every=cfg.cluster.replan_every) for one, name in configs]
-        # each policy is a simulation of its own: in the helper processes where the command has them
-        return map_in_helpers(functools.partial(_simulate, keep_trace=cfg.sim.gantt), configs)
+        for one, name in configs:  # (every policy's bad input before the first simulation)
+            check_simulation(one, name)
+        with progress_bar(f"simulate {cfg.train.steps} steps", len(configs), cfg.logging.progress) as advance:
+            if replanners:  # (a replanner is a closure: it runs here)
+                for one, name in configs:
+                    results.append(simulate(one, name, keep_trace=cfg.sim.gantt, replan=replanners.get(name),
+                                            replan_every=cfg.cluster.replan_every))
+                    advance(policy=name)
+                return results
+            # each policy is a simulation of its own: in the helper processes where the command has them (one
+            # alone runs here, which costs no pickling of its trace)
+            run = functools.partial(_simulate, keep_trace=cfg.sim.gantt)
+            running = [in_background(run, item) for item in configs] if len(configs) > 1 else []
+            for index, item in enumerate(configs):
+                results.append(running[index].result() if running else run(item))
+                advance(policy=item[1])
+            return results
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
         raise BidirlError(f"simulate: {exc}") from None
 

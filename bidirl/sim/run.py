@@ -156,6 +156,27 @@ def simulated_inflight_groups(cfg: PipelineConfig, perf: PerformanceModel, workl
     return max(cfg.launch.chunk_groups, -(-make_instance(perf, workload).capacity // cfg.rollout.group_size))
 
 
+def simulated_driver(cfg: PipelineConfig, perf: PerformanceModel, workload: Workload) -> DriverCapabilities:
+    """What the simulated cluster can do: mid-step joins, interruptible generation, continuous batching of a
+    KV cache's worth of groups, streamed updates, re-homing and migration."""
+    return DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
+                              inflight_groups=simulated_inflight_groups(cfg, perf, workload), rehomes=True,
+                              migrates=True)
+
+
+def check_simulation(cfg: PipelineConfig, policy_name: str) -> None:
+    """What :func:`simulate` would refuse before it simulates anything (ValueError, or BidirlError naming a
+    file): the performance model and workload (a corrupt or foreign ``sim.profile``) and the policy's
+    assembly on the configured cluster (too few devices for two pools, a staleness bound it cannot keep,
+    updates per sync that do not divide the batch). Nothing is simulated, so a command checks every policy
+    before it plans or simulates the first: bad input is one line, not a minute of planning and then one.
+    (An instance size left to the planner is checked at one device here; the planner checks the sizes.)"""
+    if not cfg.cluster.instance_devices:
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, instance_devices=1))
+    perf, workload = unit_model(cfg, policy_name), sim_workload(cfg)
+    assemble(policy_name, unit_shape(cfg), simulated_driver(cfg, perf, workload), model_estimates(cfg, perf, workload))
+
+
 def sim_workload(cfg: PipelineConfig) -> Workload:
     """The measured workload of ``sim.profile`` if it has one, else the ``sim.workload`` preset."""
     if cfg.sim.profile:
@@ -208,9 +229,7 @@ def simulate(cfg: PipelineConfig, policy_name: str, eta: Optional[float] = None,
     G, devices, steps = cfg.rollout.group_size, shape.devices, shape.steps
     switch_s = cfg.sim.switch_s  # one figure for every policy whose devices switch (0: the model's)
     est = model_estimates(cfg, perf, workload)
-    simulator_can = driver or DriverCapabilities(allows_join=True, interruptible=True, streams_updates=True,
-                                                 inflight_groups=simulated_inflight_groups(cfg, perf, workload),
-                                                 rehomes=True, migrates=True)
+    simulator_can = driver or simulated_driver(cfg, perf, workload)
     costs: Optional[CalibratedCosts] = None  # built below, once the cluster knows its step count
     replanner = (LengthReplanner(replan_every, lambda: costs.trained_lengths.mean_since_last_asked(),
                                  lambda mean: replan(mean) // k)  # the planner counts devices, the cluster units
