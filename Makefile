@@ -31,7 +31,7 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 demo: $(STAMP)  ## the whole method on 2 CPU devices: profile, plan, bidirl, compare (~6-14 min)
 	.venv/bin/bidirl run pipelines/cpu-demo.yaml
 
-test: $(STAMP)  ## the test suite, slow checks excluded (~22 min on 2 cores, measured from a clean clone)
+test: $(STAMP)  ## the test suite, slow checks excluded (~19 min on 2 cores, measured from a clean clone)
 	.venv/bin/pytest -q -m "not slow"
 
 test-slow: $(STAMP)  ## the slow checks only
