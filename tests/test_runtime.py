@@ -139,6 +139,7 @@ def test_every_run_writes_config_metrics_trace_gantt_and_summary(async_run):
     assert set(summary["idle_ratio"]) == {"rollout", "train"}
     assert [point["step"] for point in summary["curve"]] == [0, 2, 4]
     assert (async_run / "checkpoint" / "config.json").is_file()
+    assert (Path(summary["base_model"]) / "config.json").is_file()  # and where it started from, to reproduce it
     # its RL time ends with its last event, as its trace does (give or take an event that changes no
     # device's state, and the rounding): the last version's checkpoint, saved and sealed after that, is not
     # in it (it was: 0.54 s against a trace ending at 0.27 s)
@@ -618,10 +619,7 @@ def test_borrowed_gradients_change_where_the_work_ran_and_nothing_else(tmp_path)
     assert any(item.device in s.lent for s in steps for item in s.items)
     assert check_record(steps, group_size=4, staleness=eta, groups_per_step=32) == []
 
-    from bidirl.config import load_config
-    from bidirl.models.base import tiny_cache_dir
-
-    model = tiny_cache_dir(load_config(str(root / "config.yaml"), []))  # the base model the run started from
+    model = Path(summary["base_model"])  # the weights every device started from
     live = load_file(str(root / "checkpoint" / "model.safetensors"))
     base = load_file(str(model / "model.safetensors"))
     replayed = replay(root, str(model))

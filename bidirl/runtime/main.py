@@ -117,6 +117,7 @@ def _control(cfg, mailbox, devices: int, model_path: str, choose, restart: int, 
         summary = Controller(cfg, mailbox, run, devices, AutoTokenizer.from_pretrained(model_path),
                              prior=prior_from_environment(), choose=choose, resume=resume, restart=restart,
                              stop_restarts=stop_restarts).run_all()
+        summary["base_model"] = model_path  # the weights every device started from (a cache folder, or the user's)
     except BaseException as failure:
         run.finish_after(failure)
         raise
