@@ -57,9 +57,15 @@ def _start_helper() -> None:
 def map_in_helpers(fn: Callable[[Any], Any], items: Sequence[Any]) -> List[Any]:
     """``[fn(x) for x in items]``, computed in the helper processes if there are any (``fn`` and the items
     picklable); the first error is raised here."""
+    return list(each_in_helpers(fn, items))
+
+
+def each_in_helpers(fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[Any]:
+    """``fn(x)`` for each of ``items`` in order, each yielded as soon as it is ready (so a caller can show
+    progress), computed as :func:`map_in_helpers` computes them; the first error is raised here."""
     if _pool is None or (len(items) < 2 and threading.current_thread() is threading.main_thread()):
-        return [fn(x) for x in items]  # (one item, and nothing else to do meanwhile: here costs no pickling)
-    return list(_pool.map(fn, items))  # (in a thread of ``side_by_side``, even one: the threads share one core)
+        return (fn(x) for x in items)  # (one item, and nothing else to do meanwhile: here costs no pickling)
+    return _pool.map(fn, items)  # (all submitted now; in a thread of ``side_by_side`` even one: the threads share a core)
 
 
 def side_by_side(fn: Callable[[Any], Any], items: Sequence[Any]) -> List[Any]:

@@ -9,10 +9,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from bidirl.config import PipelineConfig
 from bidirl.errors import BidirlError
-from bidirl.helpers import in_background, warm_up
+from bidirl.helpers import each_in_helpers, in_background, warm_up
 from bidirl.sched.policy import policy_names
 from bidirl.sched.trace import CATEGORIES
-from bidirl.sim.run import SimResult, check_simulation, simulate
+from bidirl.sim.run import SimResult, simulate
 from bidirl.ui import console, progress_bar, say
 
 
@@ -36,7 +36,8 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional
     """Every policy on the configured cluster, each as ``planned[policy]`` if given (the config with the
     planner's split and instance size filled in), else as configured, and re-planned every
     ``cluster.replan_every`` steps by ``replanners[policy]`` if given; a bad policy name or split is one
-    BidirlError."""
+    BidirlError. (Every caller has ``planned_configs`` check each policy's settings first, before any is
+    planned: so no bad-input line comes after this progress bar.)"""
     from bidirl.plots import import_plotting
 
     check_policies(policies)
@@ -45,8 +46,6 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional
     warm_up(import_plotting)  # (the helpers import what the plots drawn next need while the simulations run)
     results: List[SimResult] = []
     try:
-        for one, name in configs:  # (every policy's bad input before the first simulation)
-            check_simulation(one, name)
         with progress_bar(f"simulate {cfg.train.steps} steps", len(configs), cfg.logging.progress) as advance:
             if replanners:  # (a replanner is a closure: it runs here)
                 for one, name in configs:
@@ -54,13 +53,11 @@ def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional
                                             replan_every=cfg.cluster.replan_every))
                     advance(policy=name)
                 return results
-            # each policy is a simulation of its own: in the helper processes where the command has them (one
-            # alone runs here, which costs no pickling of its trace)
-            run = functools.partial(_simulate, keep_trace=cfg.sim.gantt)
-            running = [in_background(run, item) for item in configs] if len(configs) > 1 else []
-            for index, item in enumerate(configs):
-                results.append(running[index].result() if running else run(item))
-                advance(policy=item[1])
+            # each policy is a simulation of its own: in the helper processes where the command has them
+            done = each_in_helpers(functools.partial(_simulate, keep_trace=cfg.sim.gantt), configs)
+            for (_, name), result in zip(configs, done):
+                results.append(result)
+                advance(policy=name)
             return results
     except (ValueError, RuntimeError) as exc:  # an impossible split, or a policy that cannot progress
         raise BidirlError(f"simulate: {exc}") from None
