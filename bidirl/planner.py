@@ -68,7 +68,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from bidirl.config import INSTANCE_SIZES, PipelineConfig
 from bidirl.errors import BidirlError, read_json_document
@@ -196,6 +196,48 @@ def live_device_budget(cfg: PipelineConfig) -> Optional[DeviceBudget]:
 def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[int] = None,
          workload: Optional[Workload] = None, check_memory: bool = True,
          driver: Optional[DriverCapabilities] = None, splits: Optional[List[int]] = None) -> Plan:
+    """The best partition for ``policy``: :func:`planned_partition`'s, with a spinner that counts the splits
+    simulated so far (as the plan's ``simulated_splits`` will) and names the best yet on the planning horizon
+    (on a terminal, with ``logging.progress``; nothing inside another bar, such as ``planned_configs``')."""
+    if _search.show is not None:  # (a plan inside this one: per instance size, staleness, placement or replica)
+        return planned_partition(cfg, policy, horizon, workload, check_memory, driver, splits)
+    from bidirl.ui import activity
+    with activity(f"planning '{policy or cfg.launch.mode}'", cfg.logging.progress) as show:
+        _search.show, _search.devices, _search.splits, _search.best = show, cfg.cluster.devices, 0, None
+        try:
+            return planned_partition(cfg, policy, horizon, workload, check_memory, driver, splits)
+        finally:
+            _search.show = None
+
+
+@dataclass
+class _Search:
+    """What the spinner of the plan in progress shows (:func:`plan`): ``show`` is None while none runs."""
+
+    show: Optional[Callable[[str], None]] = None
+    devices: int = 0  # the cluster planned for (a large one's splits are simulated on a replica)
+    splits: int = 0
+    best: Optional[Tuple[float, int, int]] = None  # (samples/s, rollout devices, devices)
+
+    def scored(self, candidates: Sequence["Candidate"], devices: int) -> None:
+        if self.show is None or not candidates:
+            return
+        self.splits += len(candidates)
+        top = max(candidates, key=lambda c: c.samples_per_s)
+        if self.best is None or top.samples_per_s > self.best[0]:
+            self.best = (top.samples_per_s, top.rollout_devices, devices)
+        rate, r, n = self.best
+        split = "colocated" if r == 0 else f"{r}/{n - r}"
+        replica = f" of a {n}-device replica" if n == REPLICA and self.devices > REPLICA else ""
+        self.show(f"{self.splits} splits simulated, best {split}{replica}: {rate:.3g} samples/s")
+
+
+_search = _Search()
+
+
+def planned_partition(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[int] = None,
+                      workload: Optional[Workload] = None, check_memory: bool = True,
+                      driver: Optional[DriverCapabilities] = None, splits: Optional[List[int]] = None) -> Plan:
     """The best partition for ``policy`` (default ``launch.mode``) on the pipeline's workload (or
     ``workload``: lengths measured by a running job), simulated with ``driver``'s capabilities (default
     the simulated cluster's; ``cfg.live_driver()`` for a ``bidirl launch`` run), over ``horizon`` steps
@@ -223,6 +265,7 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
     if POLICIES[policy].synchronous:  # colocated: every device does both, nothing to partition
         result = simulate(short, policy, with_bound=False, workload=workload, driver=driver)
         only = Candidate(0, result.samples_per_s, result.step_s, result.time_breakdown)
+        _search.scored([only], devices)
         return _plan(cfg, policy, only, [only], "colocated policy: every device generates, then trains",
                      steps, 1, start)
     if devices > REPLICA:
@@ -234,8 +277,9 @@ def plan(cfg: PipelineConfig, policy: Optional[str] = None, horizon: Optional[in
 
     def score_all(units: List[int]) -> None:  # the search runs over whole instances
         todo = [x * k for x in units if x * k not in scored]  # (in helper processes where there are any)
-        scored.update(zip(todo, map_in_helpers(functools.partial(candidate, short, policy, workload=workload,
-                                                                  driver=driver), todo)))
+        done = map_in_helpers(functools.partial(candidate, short, policy, workload=workload, driver=driver), todo)
+        scored.update(zip(todo, done))
+        _search.scored(done, devices)
 
     def score(units: int) -> float:
         score_all([units])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 console = Console(stderr=True)
 # ``bidirl --quiet`` (for CI): no progress bars and no notes, in this process and in the processes it
@@ -45,4 +47,34 @@ def progress_bar(description: str, total: int, enabled: bool = True) -> Iterator
             info = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
             progress.update(task, advance=n, info=info)
 
-        yield advance
+        with _showing():
+            yield advance
+
+
+_live = [False]  # a bar or a spinner is on screen: rich draws one live display at a time
+
+
+@contextmanager
+def _showing() -> Iterator[None]:
+    _live[0] = True
+    try:
+        yield
+    finally:
+        _live[0] = False
+
+
+@contextmanager
+def activity(description: str, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A spinner, the time elapsed and a line of news, for work whose length is not known ahead (a plan's
+    search: how many splits it simulates depends on what it finds). Yields ``show(news)``. It vanishes when
+    done -- what the work found is printed after it -- and shows nothing where disabled or quiet, off a
+    terminal, inside another bar or spinner (whose own line says what runs), or outside the main process
+    (an experiment's worker processes would draw over each other)."""
+    if not enabled or quiet() or _live[0] or not console.is_terminal or multiprocessing.parent_process() is not None:
+        yield lambda news: None
+        return
+    columns = [SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
+               TextColumn("{task.fields[news]}")]
+    with Progress(*columns, console=console, transient=True) as progress, _showing():
+        task = progress.add_task(description, total=None, news="")
+        yield lambda news: progress.update(task, news=news)

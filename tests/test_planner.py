@@ -395,6 +395,47 @@ def test_plan_cli_writes_plan_json_and_prints_the_table(tmp_path):
     assert json.loads((run / "plan.json").read_text())["policy"] == "areal"
 
 
+def test_a_plan_in_progress_shows_how_many_splits_it_simulated_and_the_best_so_far(monkeypatch):
+    # (a plan simulates its candidates for ~10 s at 32 devices; the spinner is what a user sees meanwhile)
+    import contextlib
+
+    import bidirl.ui as ui
+
+    news, opened = [], []
+
+    @contextlib.contextmanager
+    def spinner(description, enabled=True):
+        opened.append(description)
+        yield news.append
+
+    monkeypatch.setattr(ui, "activity", spinner)
+    result = plan(small(), "areal")  # (it plans both older-tail placements: two searches)
+    assert opened == ["planning 'areal'"]  # one spinner for the whole plan, however many searches it runs
+    counts = [int(line.split()[0]) for line in news]
+    assert counts == sorted(counts) and counts[-1] == result.simulated_splits
+    best = news[-1].split("best ")[1]  # e.g. "3/5: 102 samples/s"
+    rollout, train = best.split(":")[0].split("/")
+    assert int(rollout) + int(train) == 8 and best.endswith(" samples/s")
+
+
+def test_off_a_terminal_or_quiet_a_spinner_shows_nothing_and_never_nests(monkeypatch):
+    import bidirl.ui as ui
+
+    with ui.activity("off a terminal") as show:  # (pytest captures stderr: not a terminal)
+        show("news")
+        assert not ui._live[0]
+    monkeypatch.setattr(type(ui.console), "is_terminal", property(lambda self: True))
+    with ui.activity("outer") as show:
+        assert ui._live[0]
+        with ui.activity("inner") as inner:  # (rich draws one live display at a time)
+            inner("news")
+        assert ui._live[0]
+    assert not ui._live[0]
+    monkeypatch.setenv(ui.QUIET_VARIABLE, "1")
+    with ui.activity("quiet"):
+        assert not ui._live[0]
+
+
 def test_plan_with_a_missing_profile_is_one_line_and_leaves_no_run_directory(tmp_path):
     result = subprocess.run([BIDIRL, "plan", "pipelines/sim-32gpu.yaml", *SMALL, f"output_dir={tmp_path}/out",
                              "--profile", str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=300)
