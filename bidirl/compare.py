@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from bidirl.config import PipelineConfig, load_config
 from bidirl.errors import BidirlError, RunFailed
-from bidirl.sched.policy import PEERS, baseline_names, style_of
+from bidirl.sched.policy import PEERS, POLICIES, baseline_names, style_of
 from bidirl.sched.trace import CATEGORIES
 from bidirl.ui import say
 
@@ -91,13 +91,20 @@ def is_here(cfg: PipelineConfig) -> bool:
 def live_overrides(cfg: PipelineConfig, name: str) -> List[str]:
     """How a live comparison runs ``name``: on the pipeline's devices (two at least), at the split,
     older-tail placement and staleness (under the pipeline's bound) the planner chooses for it (its own
-    where nothing is planned)."""
+    where nothing is planned), re-planned as the pipeline says where it has a partition to re-plan."""
     from bidirl.planner import unplanned_staleness
 
     fresh = unplanned_staleness(cfg).algorithm
     return [f"cluster.devices={max(2, cfg.cluster.devices)}", f"launch.mode={name}", "cluster.rollout_devices=0",
             "launch.tail_placement=auto", f"algorithm.staleness={fresh.staleness!r}",
-            f"algorithm.plan_staleness={str(fresh.plan_staleness).lower()}", "algorithm.staleness_bound=null"]
+            f"algorithm.plan_staleness={str(fresh.plan_staleness).lower()}", "algorithm.staleness_bound=null",
+            f"cluster.replan_every={replan_every(cfg, name)}"]
+
+
+def replan_every(cfg: PipelineConfig, name: str) -> int:
+    """``cluster.replan_every`` for ``name``: the pipeline's, or 0 for a colocated policy, which has no partition
+    to re-plan (as ``bidirl simulate`` re-plans only the policies that have one)."""
+    return cfg.cluster.replan_every if POLICIES[name].repartitions else 0
 
 
 def with_policy(cfg: PipelineConfig, name: str) -> PipelineConfig:
@@ -108,7 +115,7 @@ def with_policy(cfg: PipelineConfig, name: str) -> PipelineConfig:
     cfg = unplanned_staleness(cfg)
     return dataclasses.replace(cfg, launch=dataclasses.replace(cfg.launch, mode=name, tail_placement="auto"),
                                cluster=dataclasses.replace(cfg.cluster, devices=max(2, cfg.cluster.devices),
-                                                           rollout_devices=0))
+                                                           rollout_devices=0, replan_every=replan_every(cfg, name)))
 
 
 def preflight(cfg: PipelineConfig, names: List[str]) -> None:

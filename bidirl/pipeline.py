@@ -479,6 +479,10 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
         raise BidirlError(f"{flag} {run_dir}: not a run directory (no summary.json): pass one that "
                           "`bidirl run` wrote")
     run_dir, path = Path(run_dir), Path(run_dir) / "summary.json"
+    ran = pipeline_of(run_dir)
+    if ran is not None and ran != cfg.name:  # (its config, profile and plan would be another pipeline's)
+        raise BidirlError(f"{flag} {run_dir}: a run of pipeline '{ran}', not of '{cfg.name}': pass a run directory "
+                          f"of '{cfg.name}', or run the pipeline that wrote it")
     try:
         summary = json.loads(path.read_text()) if written else {}
     except (OSError, ValueError) as exc:
@@ -495,6 +499,17 @@ def restored(cfg: PipelineConfig, run_dir: Optional[Path], first: str,
     dropped = {"status", "run_dir", "wall_s", *(SUMMARY_KEYS.get(stage, stage) for stage in again)}
     keep = {k: v for k, v in summary.items() if k not in dropped}
     return cfg, {**keep, "stages": list(cfg.stages)}
+
+
+def pipeline_of(run_dir: Path) -> Optional[str]:
+    """The name of the pipeline a run directory's ``config.yaml`` was resolved from (None if it has none)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return str(config["name"]) if isinstance(config, dict) and "name" in config else None
 
 
 def set_aside(run: Path, stages: List[str]) -> None:

@@ -269,8 +269,12 @@ def plan(
     def action() -> None:
         from bidirl.pipeline import run_stages
 
+        from bidirl.sched.policy import policy_names
+
         extra = list(overrides or [])
         if policy:
+            if policy not in policy_names():  # (named as the user gave it, not as the launch.mode it becomes)
+                raise BidirlError(f"--policy {policy}: unknown policy (known: {', '.join(policy_names())})")
             extra.append(f"launch.mode={policy}")
         if profile_json:
             extra.append(f"sim.profile={profile_json}")

@@ -35,12 +35,15 @@ def files(tmp: Path) -> dict:
     (tmp / "recursive.yaml").write_text("name: x\na: &a [*a]\n")
     (tmp / "list-run").mkdir()
     (tmp / "list-run" / "summary.json").write_text("[]")  # valid JSON, not a summary
-    (tmp / "list-run" / "config.yaml").write_text("name: old\n")
+    (tmp / "list-run" / "config.yaml").write_text("name: cpu-tiny\n")
     run = tmp / "old-run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["plan", "launch"]}))
     (run / "plan.json").write_text("{broken")
-    (run / "config.yaml").write_text("name: old\n")
+    (run / "config.yaml").write_text("name: cpu-tiny\n")
+    (tmp / "sim-run").mkdir()  # another pipeline's run, whole
+    (tmp / "sim-run" / "summary.json").write_text(json.dumps({"status": "ok", "stages": ["simulate"]}))
+    (tmp / "sim-run" / "config.yaml").write_text("name: sim-32gpu\n")
     torn = tmp / "torn-run"  # its only checkpoint does not verify
     (torn / "checkpoints" / "v00003").mkdir(parents=True)
     (torn / "config.yaml").write_text("name: torn\n")
@@ -59,9 +62,9 @@ def files(tmp: Path) -> dict:
     (tmp / "weightless" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     piped = tmp / "pipeline-run"  # a pipeline run whose launch stage has a good checkpoint at version 2
     (piped / "launch" / "checkpoints" / ".partial-v00002").mkdir(parents=True)
-    (piped / "config.yaml").write_text("name: piped\n")
+    (piped / "config.yaml").write_text("name: cpu-tiny\n")
     (piped / "summary.json").write_text(json.dumps({"status": "failed", "stages": ["launch"]}))
-    (piped / "launch" / "config.yaml").write_text("name: piped\n")
+    (piped / "launch" / "config.yaml").write_text("name: cpu-tiny\n")
     seal(piped / "launch" / "checkpoints" / ".partial-v00002", controller_state(piped / "launch", 2, 16), 3)
     return {"tmp": tmp}
 
@@ -143,6 +146,8 @@ CASES = {
     "corrupt plan": (["run", TINY, "stages=[plan,launch]", "--from", "launch", "--run-dir", "{tmp}/old-run"],
                      "plan.json"),
     "not a run directory": (["run", TINY, "--only", "evaluate", "--run-dir", "{tmp}/a-file"], "a-file"),
+    "another pipeline's run directory": (["run", TINY, "--only", "evaluate", "--run-dir", "{tmp}/sim-run"],
+                                         "a run of pipeline 'sim-32gpu', not of 'cpu-tiny'"),
     "a summary that is not an object": (["run", TINY, "stages=[prepare_model,evaluate]", "--only", "evaluate",
                                          "--run-dir", "{tmp}/list-run"], "not a run summary"),
     "a dry run of a re-run": (["run", TINY, "--dry-run", "--from", "evaluate"], "--dry-run"),
@@ -171,6 +176,7 @@ CASES = {
     # names
     "unknown policy": (["simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,bidirll"], "bidirll"),
     "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),
+    "unknown policy to plan": (["plan", "pipelines/sim-32gpu.yaml", "--policy", "bogus"], "--policy bogus"),
     "unknown baseline": (["compare", "--baselines", "verl,deepspeed-chat"], "deepspeed-chat"),
     "an override with a path, first, to compare": (["compare", "output_dir={tmp}/compared", "train.lrr=1"], "train.lrr"),
     "compare a missing model folder": (["compare", TINY, "model.source={tmp}/no-model", "--baselines", "verl"],

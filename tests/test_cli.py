@@ -224,6 +224,20 @@ def test_the_gsm8k_dry_run_plans_on_the_analytic_h100_model_and_prints_each_node
     assert not any(tmp_path.iterdir())
 
 
+def test_re_planning_a_comparison_re_plans_the_policies_that_have_a_partition_and_leaves_colocated_ones_be(tmp_path):
+    # (the live comparison refused the demo's pipeline with `cluster.replan_every` because its verl baseline is
+    # colocated, where `bidirl simulate` re-plans only the policies that have a split)
+    from bidirl.compare import live_overrides
+    from bidirl.config import load_config
+
+    result = bidirl("run", "pipelines/cpu-demo.yaml", "--dry-run", "cluster.replan_every=5", f"output_dir={tmp_path}",
+                    cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    cfg = load_config("pipelines/cpu-demo.yaml", ["cluster.replan_every=5"])
+    assert "cluster.replan_every=0" in live_overrides(cfg, "verl")
+    assert "cluster.replan_every=5" in live_overrides(cfg, "bidirl")
+
+
 def test_quiet_leaves_only_errors_and_results(tmp_path):
     result = bidirl("--quiet", "compare", "pipelines/sim-32gpu.yaml", "cluster.devices=4", "train.steps=8",
                     "sim.gantt=false", f"output_dir={tmp_path}", "--baselines", "areal")

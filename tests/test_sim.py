@@ -542,7 +542,7 @@ def test_a_fractional_staleness_bound_is_one_line_for_policies_that_bound_it_in_
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "error: simulate: algorithm.staleness=0.5: a fractional bound needs count-only staleness "
-        "(policy verl-async); this policy bounds staleness in whole versions"]
+        "(policy verl-async); policy 'areal' bounds staleness in whole versions"]
     assert not (tmp_path / "out").exists()
 
 

@@ -110,7 +110,7 @@ def assemble(policy_name: str, shape: RunShape, driver: DriverCapabilities,
             raise ValueError(f"the resumed partition {[h.value for h in homes]} (primary {primary}) does not fit "
                              f"{shape.devices} devices with the primary at home in the train pool")
     eta = policy.effective_eta(shape.staleness)
-    check_staleness(eta, policy.deadlines)
+    check_staleness(eta, policy.deadlines, policy.label)
     u = shape.updates_per_sync
     if u != 1 and not driver.streams_updates:
         raise ValueError(f"algorithm.updates_per_sync={u}: streamed updates within a sync window are simulated "

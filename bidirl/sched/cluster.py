@@ -104,13 +104,15 @@ class TailPlacement(str, Enum):
     NONE = "none"  # none does: continuous batching, as a serving engine admits requests
 
 
-def check_staleness(eta: float, deadlines: bool) -> None:
-    """A staleness bound a policy can keep: whole versions with deadlines, any fraction >= 0 without."""
+def check_staleness(eta: float, deadlines: bool, policy: str = "") -> None:
+    """A staleness bound a policy (named, where the caller knows it) can keep: whole versions with deadlines,
+    any fraction >= 0 without."""
     if eta < 0:
         raise ValueError(f"algorithm.staleness must be >= 0, got {eta}")
     if deadlines and eta != int(eta):
         raise ValueError(f"algorithm.staleness={eta}: a fractional bound needs count-only staleness "
-                         "(policy verl-async); this policy bounds staleness in whole versions")
+                         f"(policy verl-async); {f'policy {policy!r}' if policy else 'this policy'} bounds "
+                         "staleness in whole versions")
 
 
 class Cluster:

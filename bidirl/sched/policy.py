@@ -59,14 +59,15 @@ class Policy:
 
     def __init__(self, estimates: EstimatesProvider = NO_ESTIMATES, batch_groups: int = 0, label: str = "",
                  replanner: Replanner = NO_REPLANNING):
+        self.label = label or self.name  # the name it was asked for (an alias, say), for reports and errors
         if self.needs_estimates and estimates is NO_ESTIMATES:
-            raise ValueError(f"policy '{self.name}' needs performance estimates (measured live, or the simulator's)")
+            raise ValueError(f"policy '{self.label}' needs performance estimates (measured live, or the simulator's)")
         if replanner is not NO_REPLANNING and not self.repartitions:
-            raise ValueError(f"policy '{self.name}' has no partition to re-plan")
+            raise ValueError(f"policy '{self.label}' has no partition to re-plan (it is colocated: every device "
+                             "generates, then trains); leave cluster.replan_every at 0 for it")
         self._estimates = estimates
         self.replanner = replanner
         self.batch_groups = batch_groups
-        self.label = label or self.name  # the name it was asked for (an alias, say), for reports
 
     @property
     def estimates(self) -> Estimates:
