@@ -152,6 +152,32 @@ def test_short_older_tails_are_consolidated_so_the_devices_they_leave_generate_a
 
 
 
+def test_on_policy_the_batchs_tails_merge_so_the_devices_they_leave_train_where_much_training_follows_the_batch():
+    # math at eta 0 on 32 devices: every device decodes a long sequence or two until near the batch's end, and
+    # ~9 s of the step's training came after its last group; merged, the devices left join the step
+    cfg = load_config("pipelines/sim-32gpu.yaml", ["sim.workload=math", "train.prompts_per_step=256",
+                                                   "rollout.group_size=8", "algorithm.staleness=0", "train.steps=10"])
+    merged = simulate(cfg, "bidirl", rollout_devices=2, keep_trace=True)
+    cluster = merged.cluster
+    assert merged.migrated_groups > 0 and set(merged.staleness) == {0}
+    assert cluster.trained_groups == cluster.admitted == 10 * 256
+    ends = cluster.version_times
+    for when, source, _, _, version in cluster.migrations:  # each source trains in the step its groups are of
+        assert when < ends[version + 1]
+        assert any(r["device"] == source and r["to"] == "training" and when <= r["t"] <= ends[version + 1]
+                   for r in cluster.trace)
+    unmerged = simulate(cfg, "bidirl-nomigrate", rollout_devices=2)  # (at eta 0 no other request moves)
+    assert merged.samples_per_s > 1.03 * unmerged.samples_per_s
+
+
+def test_on_policy_tails_stay_where_they_are_where_little_training_follows_the_batch():
+    # gsm8k on 8 devices: 0.1 s of training after the last group, so a merge would only slow the tails
+    result = simulate(small("algorithm.staleness=0", "train.steps=8"), "bidirl", rollout_devices=2, keep_trace=True)
+    assert result.migrated_groups == 0
+    assert result.samples_per_s == simulate(small("algorithm.staleness=0", "train.steps=8"), "bidirl-nomigrate",
+                                            rollout_devices=2).samples_per_s
+
+
 def test_under_the_live_runtimes_constraints_a_tail_waiting_for_its_load_is_moved_onto_a_lent_trainer():
     # the live runtime loads new weights into a generating device only once its chunk ends: a device
     # decoding older groups with a load queued is a tail holder there; the same policy, driven with the
