@@ -268,13 +268,11 @@ def plan(
 
     def action() -> None:
         from bidirl.pipeline import run_stages
-
-        from bidirl.sched.policy import policy_names
+        from bidirl.sim.report import check_policies
 
         extra = list(overrides or [])
         if policy:
-            if policy not in policy_names():  # (named as the user gave it, not as the launch.mode it becomes)
-                raise BidirlError(f"--policy {policy}: unknown policy (known: {', '.join(policy_names())})")
+            check_policies([policy], "--policy")  # (named as the user gave it, not as the launch.mode it becomes)
             extra.append(f"launch.mode={policy}")
         if profile_json:
             extra.append(f"sim.profile={profile_json}")

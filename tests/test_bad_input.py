@@ -176,7 +176,8 @@ CASES = {
     # names
     "unknown policy": (["simulate", "pipelines/sim-32gpu.yaml", "--policies", "verl,bidirll"], "bidirll"),
     "unknown launch mode": (["launch", TINY, "launch.mode=fast"], "launch.mode"),
-    "unknown policy to plan": (["plan", "pipelines/sim-32gpu.yaml", "--policy", "bogus"], "--policy bogus"),
+    "unknown policy to plan": (["plan", "pipelines/sim-32gpu.yaml", "--policy", "bogus"],
+                               "unknown policy 'bogus' in --policy "),
     "unknown baseline": (["compare", "--baselines", "verl,deepspeed-chat"], "deepspeed-chat"),
     "an override with a path, first, to compare": (["compare", "output_dir={tmp}/compared", "train.lrr=1"], "train.lrr"),
     "compare a missing model folder": (["compare", TINY, "model.source={tmp}/no-model", "--baselines", "verl"],

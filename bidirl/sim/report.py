@@ -25,10 +25,11 @@ def simulate_policies(cfg: PipelineConfig, policies: Sequence[str], out: Path,
     return results
 
 
-def check_policies(policies: Sequence[str]) -> None:
+def check_policies(policies: Sequence[str], given_as: str = "--policies") -> None:
+    """Every name is a policy; else one line naming the first that is not, and where the user gave it."""
     unknown = [p for p in policies if p not in policy_names()]
     if unknown:
-        raise BidirlError(f"unknown policy '{unknown[0]}' in --policies (known: {', '.join(policy_names())})")
+        raise BidirlError(f"unknown policy '{unknown[0]}' in {given_as} (known: {', '.join(policy_names())})")
 
 
 def run_policies(cfg: PipelineConfig, policies: Sequence[str], planned: Optional[Dict[str, PipelineConfig]] = None,
