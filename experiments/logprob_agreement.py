@@ -10,6 +10,9 @@ optimizer step, and after the in-place weight sync (with its duration).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"  # (so that a script runs from any folder)
 
 
 def gaps(trainer, samples):
@@ -29,7 +32,7 @@ def main() -> None:
     from bidirl.reward import numeric_reward
 
     args = sys.argv[1:]
-    pipeline = args.pop(0) if args and args[0].endswith(".yaml") else "pipelines/cpu-tiny.yaml"
+    pipeline = args.pop(0) if args and args[0].endswith(".yaml") else str(PIPELINES / "cpu-tiny.yaml")
     for engine in ("hf", "vllm"):
         cfg = load_config(pipeline, [*args, f"rollout.engine={engine}", "train.lr=1e-4", "train.lr_warmup_steps=1"])
         prepare_process(cfg.cluster.device_type)

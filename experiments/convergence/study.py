@@ -48,10 +48,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
-PIPELINE = "pipelines/cpu-tiny.yaml"
+PIPELINE = str(PIPELINES / "cpu-tiny.yaml")
 COMMON = ["data.eval_size=2000", "logging.wandb_mode=disabled", "logging.progress=false",
           "launch.chunk_groups=32"]  # four chunks per batch: something to stream, migrate and lend
 ETAS = (0, 1, 2, 4)

@@ -34,6 +34,8 @@ from typing import Any, Dict, List, Optional
 
 import psutil
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 ROOT = Path(__file__).resolve().parents[2]
 BIDIRL = [sys.executable, "-m", "cli.main"]
 STEPS, EVERY = 9, 3
@@ -151,7 +153,7 @@ def read_jsonl(path: Path) -> List[dict]:
 def run_fault(name: str, work: Path, cache: Path, timeout_s: float = 900) -> Dict[str, Any]:
     overrides, env, when, device = FAULTS[name]
     root = work / name
-    args = ["launch", "pipelines/cpu-tiny.yaml", f"output_dir={root}/runs", f"model.cache_dir={cache}", *SMALL,
+    args = ["launch", str(PIPELINES / "cpu-tiny.yaml"), f"output_dir={root}/runs", f"model.cache_dir={cache}", *SMALL,
             *overrides]
     started = time.time()
     root.mkdir(parents=True, exist_ok=True)
@@ -221,7 +223,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="bidirl-faults-"))
     cache = work / "cache"  # the small model, built once here so that no run's time includes it
-    subprocess.run(BIDIRL + ["prepare-model", "pipelines/cpu-tiny.yaml", f"model.cache_dir={cache}", *SMALL],
+    subprocess.run(BIDIRL + ["prepare-model", str(PIPELINES / "cpu-tiny.yaml"), f"model.cache_dir={cache}", *SMALL],
                    cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
     results = []
     for name in names:

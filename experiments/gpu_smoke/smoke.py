@@ -33,6 +33,8 @@ from pathlib import Path
 
 from bidirl.perf.analytic import ARCHITECTURES
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 SHAPES = {
     "1.5b": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
@@ -184,7 +186,7 @@ def main(argv=None) -> dict:
 
         workers = torch.cuda.device_count() if args.device == "cuda" else 2
         bidirl = str(Path(sys.executable).with_name("bidirl"))
-        command = [bidirl, "launch", "pipelines/cpu-tiny.yaml", f"model.source={folder}", f"model.dtype={dtype}",
+        command = [bidirl, "launch", str(PIPELINES / "cpu-tiny.yaml"), f"model.source={folder}", f"model.dtype={dtype}",
                    f"cluster.device_type={args.device}", f"cluster.devices={workers}", "rollout.engine=vllm",
                    "rollout.max_model_len=1024", f"rollout.gpu_memory_utilization={args.memory_fraction}",
                    "train.gradient_checkpointing=true", f"launch.mode={'async' if workers > 1 else 'sync'}",

@@ -29,7 +29,9 @@ from pathlib import Path
 
 from streaming import live
 
-PIPELINE = "pipelines/cpu-long.yaml"
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
+PIPELINE = str(PIPELINES / "cpu-long.yaml")
 SETTING = ("cluster.devices=2", "rollout.max_new_tokens=40", "logging.eval_every=0", "logging.wandb_mode=disabled",
            "logging.progress=false")
 POLICIES = ("async", "bidirl-nomigrate", "bidirl")

@@ -47,11 +47,13 @@ from bidirl.config import load_config  # noqa: E402
 from bidirl.sched.trace import intervals, steady_step_s  # noqa: E402
 from bidirl.sim.run import sim_workload, simulate  # noqa: E402
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 SETTINGS = {
-    "rollout-heavy": ("pipelines/cpu-long.yaml", []),
-    "train-heavy": ("pipelines/cpu-tiny.yaml", ["train.prompts_per_step=128", "train.micro_batch_size=64",
+    "rollout-heavy": (str(PIPELINES / "cpu-long.yaml"), []),
+    "train-heavy": (str(PIPELINES / "cpu-tiny.yaml"), ["train.prompts_per_step=128", "train.micro_batch_size=64",
                                                 "launch.chunk_groups=32"]),
-    "balanced": ("pipelines/cpu-long.yaml", ["rollout.max_new_tokens=40"]),
+    "balanced": (str(PIPELINES / "cpu-long.yaml"), ["rollout.max_new_tokens=40"]),
 }
 POLICIES = ("sync", "async", "verl-dynamic", "roll", "bidirl")
 LIVE = ["cluster.devices=2", "algorithm.staleness=1", "logging.eval_every=0", "logging.wandb_mode=disabled",

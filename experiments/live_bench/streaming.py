@@ -31,8 +31,10 @@ from pathlib import Path
 
 from bidirl.sched.trace import steady_step_s
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
-PIPELINE = "pipelines/cpu-tiny.yaml"
+PIPELINE = str(PIPELINES / "cpu-tiny.yaml")
 SETTING = ["cluster.devices=2", "train.prompts_per_step=64", "train.micro_batch_size=64", "launch.chunk_groups=16",
            "logging.eval_every=0", "logging.wandb_mode=disabled", "logging.progress=false"]
 POLICIES = ("sync", "async", "bidirl-nostream", "bidirl")

@@ -44,11 +44,13 @@ from pathlib import Path
 from streaming import BIDIRL, last_line, live
 from streaming import SETTING as DEFAULT_SETTING
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 HERE = Path(__file__).parent
 COMMON = ("cluster.devices=2", "logging.eval_every=0", "logging.wandb_mode=disabled", "logging.progress=false")
 WORKLOADS = {
-    "default": ("pipelines/cpu-tiny.yaml", tuple(DEFAULT_SETTING)),
-    "long-tail": ("pipelines/cpu-long.yaml", COMMON),
+    "default": (str(PIPELINES / "cpu-tiny.yaml"), tuple(DEFAULT_SETTING)),
+    "long-tail": (str(PIPELINES / "cpu-long.yaml"), COMMON),
 }
 POLICIES = ("sync", "async", "bidirl", "bidirl-noprofile")
 # bidirl as ``make demo`` runs it: its cost estimates start from a profile of these devices (``sim.profile``,

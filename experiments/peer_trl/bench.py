@@ -14,12 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import List
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pipeline", default="pipelines/cpu-tiny.yaml")
+    parser.add_argument("--pipeline", default=str(PIPELINES / "cpu-tiny.yaml"))
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("overrides", nargs="*", help="key=value overrides for both systems")
     args = parser.parse_args()

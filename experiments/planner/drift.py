@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
 import dataclasses
 
@@ -27,11 +28,13 @@ from bidirl.planner import plan, replanner
 from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sim.run import sim_workload, simulate
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 POLICIES, SEEDS = ("areal", "bidirl"), (0, 1, 2)
 
 
 def config(policy: str, steps: int, seed: int = 0):
-    return load_config("pipelines/sim-32gpu.yaml", [
+    return load_config(str(PIPELINES / "sim-32gpu.yaml"), [
         "sim.workload=math-drift", f"train.steps={steps}", "train.prompts_per_step=256", "rollout.group_size=8",
         "algorithm.staleness=1", "launch.chunk_groups=8", f"seed={seed}", f"launch.mode={policy}",
         f"launch.tail_placement={POLICY_CLASSES[policy].tail_placement.value}",

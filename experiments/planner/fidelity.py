@@ -49,12 +49,14 @@ from bidirl.config import load_config
 from bidirl.sched.trace import steady_step_s
 from bidirl.sim.run import sim_workload, simulate
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 BIDIRL = str(Path(sys.executable).with_name("bidirl"))
 SETTINGS = {
-    "short": ("pipelines/cpu-tiny.yaml", ["train.prompts_per_step=64", "train.micro_batch_size=64",
+    "short": (str(PIPELINES / "cpu-tiny.yaml"), ["train.prompts_per_step=64", "train.micro_batch_size=64",
                                           "launch.chunk_groups=16"]),
-    "medium": ("pipelines/cpu-long.yaml", ["rollout.max_new_tokens=40"]),
-    "long": ("pipelines/cpu-long.yaml", []),
+    "medium": (str(PIPELINES / "cpu-long.yaml"), ["rollout.max_new_tokens=40"]),
+    "long": (str(PIPELINES / "cpu-long.yaml"), []),
 }
 POLICIES = ("async", "bidirl")
 LIVE = ["cluster.devices=2", "cluster.rollout_devices=1", "algorithm.staleness=1", "logging.eval_every=0",

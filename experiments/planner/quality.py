@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from multiprocessing import Pool
+from pathlib import Path
 from typing import List
 
 import bidirl.planner as planner
@@ -41,6 +42,8 @@ from bidirl.helpers import helper_processes
 from bidirl.planner import plan, planning_config
 from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sim.run import simulate
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
 
 WORKLOADS = {"gsm8k": ["train.prompts_per_step=512", "rollout.group_size=8"],
              "math": ["train.prompts_per_step=256", "rollout.group_size=8"],
@@ -57,7 +60,7 @@ def own(policy: str) -> str:
 def config(workload: str, eta: float, policy: str, steps: int = STEPS, seed: int = 0, devices: int = DEVICES,
            extra=(), placement: str = ""):
     """The cell's config, at ``placement`` (default the policy's own: the split search alone)."""
-    return load_config("pipelines/sim-32gpu.yaml", [
+    return load_config(str(PIPELINES / "sim-32gpu.yaml"), [
         f"sim.workload={workload}", f"train.steps={steps}", f"algorithm.staleness={eta}", "launch.chunk_groups=8",
         f"seed={seed}", f"cluster.devices={devices}", f"launch.mode={policy}", *WORKLOADS[workload],
         *PUBLISHED.get(policy, []), f"launch.tail_placement={placement or own(policy)}",

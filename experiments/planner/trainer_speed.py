@@ -17,8 +17,11 @@ import copy
 import statistics
 import sys
 import time
+from pathlib import Path
 
-DEFAULT = ["pipelines/cpu-tiny.yaml", "train.prompts_per_step=64", "train.micro_batch_size=64",
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
+DEFAULT = [str(PIPELINES / "cpu-tiny.yaml"), "train.prompts_per_step=64", "train.micro_batch_size=64",
            "launch.chunk_groups=16", "cluster.devices=2"]
 REPEATS, BATCHES = 8, 4
 

@@ -12,10 +12,13 @@ bidirl, their ratio, and bidirl's leases. (``sweep.py --instances K [--model M]`
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from bidirl.config import load_config
 from bidirl.planner import plan, planned_config
 from bidirl.sim.run import simulate
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
 
 WORKLOADS = {"gsm8k": ["train.prompts_per_step=512"], "math": ["train.prompts_per_step=256"],
              "reasoning": ["train.prompts_per_step=128"]}
@@ -24,7 +27,7 @@ BASELINES = ("areal", "roll", "streamrl")
 
 
 def run(workload: str, model: str, k: int, policy: str, steps: int):
-    cfg = load_config("pipelines/sim-32gpu.yaml", [
+    cfg = load_config(str(PIPELINES / "sim-32gpu.yaml"), [
         f"sim.workload={workload}", f"sim.model={model}", f"cluster.instance_devices={k}", f"train.steps={steps}",
         "algorithm.staleness=1", "algorithm.plan_staleness=false", "launch.chunk_groups=8", "rollout.group_size=8",
         f"launch.mode={policy}", *WORKLOADS[workload]])  # (eta 1 exactly: borrowing at one staleness)

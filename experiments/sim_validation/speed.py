@@ -24,12 +24,14 @@ from pathlib import Path
 from bidirl.config import load_config
 from bidirl.sim.run import simulate
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
+
 CASES = [
     ("32 GPUs x 200 steps", ["cluster.devices=32", "train.steps=200", "train.prompts_per_step=512"], 5.0),
     ("1024 GPUs x 100 steps", ["cluster.devices=1024", "train.steps=100", "train.prompts_per_step=8192",
                                "launch.chunk_groups=16"], 60.0),
 ]
-COMMAND = ["simulate", "pipelines/sim-32gpu.yaml", "--policies", "bidirl", "train.steps=200",
+COMMAND = ["simulate", str(PIPELINES / "sim-32gpu.yaml"), "--policies", "bidirl", "train.steps=200",
            "algorithm.plan_staleness=false"]  # (the split at eta 1, as first measured: the staleness's cost apart)
 CLI_CASES = {"split given (18/14)": ["cluster.rollout_devices=18"], "split planned": []}
 
@@ -54,7 +56,7 @@ if __name__ == "__main__":
         sys.exit()
     policies = sys.argv[1:] or ["areal", "bidirl"]
     for name, overrides, target in CASES:
-        cfg = load_config("pipelines/sim-32gpu.yaml", overrides)
+        cfg = load_config(str(PIPELINES / "sim-32gpu.yaml"), overrides)
         for policy in policies:
             start = time.perf_counter()
             result = simulate(cfg, policy)

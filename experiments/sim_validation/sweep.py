@@ -61,6 +61,7 @@ import statistics
 import sys
 from collections import Counter
 from multiprocessing import Pool
+from pathlib import Path
 from typing import Dict, List, Tuple
 
 from bidirl.config import load_config
@@ -68,6 +69,8 @@ from bidirl.planner import TIE, plan, staleness_candidates
 from bidirl.sched.policy import POLICIES as POLICY_CLASSES
 from bidirl.sched.trace import CATEGORIES
 from bidirl.sim.run import SimResult, simulate
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
 
 WORKLOADS = {"gsm8k": ["train.prompts_per_step=512", "rollout.group_size=8"],
              "math": ["train.prompts_per_step=256", "rollout.group_size=8"],
@@ -88,7 +91,7 @@ EVERYONE: List[str] = []  # overrides for every policy (--no-recompute)
 
 
 def config(workload: str, eta: float, steps: int, seed: int, chunk: int, policy: str, extra=()):
-    return load_config("pipelines/sim-32gpu.yaml", [
+    return load_config(str(PIPELINES / "sim-32gpu.yaml"), [
         f"sim.workload={workload}", f"train.steps={steps}", f"algorithm.staleness={eta}", f"launch.chunk_groups={chunk}",
         f"seed={seed}", f"cluster.devices={DEVICES}", *WORKLOADS[workload], *PUBLISHED.get(policy, []), *EXACT_ETA,
         *EVERYONE, *extra])

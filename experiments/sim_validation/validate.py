@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import statistics
 from typing import Dict, List
+from pathlib import Path
 
 from bidirl.config import load_config
 from bidirl.planner import candidate, plan, planned_config, planning_config
 from bidirl.sched.trace import intervals
 from bidirl.sim.run import simulate
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"  # (so that a script runs from any folder)
 
 
 def phase_seconds(result) -> Dict[str, float]:
@@ -29,7 +32,7 @@ def phase_seconds(result) -> Dict[str, float]:
 
 
 def case_a() -> List[str]:
-    cfg = load_config("pipelines/sim-32gpu.yaml", [
+    cfg = load_config(str(PIPELINES / "sim-32gpu.yaml"), [
         "cluster.devices=8", "train.prompts_per_step=1024", "rollout.group_size=5", "train.steps=5",
         "sim.with_reference=true", "launch.chunk_groups=128"])
     result = simulate(cfg, "verl", keep_trace=True)
@@ -52,13 +55,13 @@ FULLY_ASYNC = ["algorithm.staleness=0.5", "algorithm.updates_per_sync=4",  # (no
 
 
 def case_b() -> List[str]:
-    sync = simulate(load_config("pipelines/sim-32gpu.yaml", CASE_B), "verl", keep_trace=True)
+    sync = simulate(load_config(str(PIPELINES / "sim-32gpu.yaml"), CASE_B), "verl", keep_trace=True)
     phases = phase_seconds(sync)
     lines = ["| case B: veRL, Qwen2.5-Math-7B DAPO 28k, 32xH20, 512x16 | published | simulated |", "|---|---|---|",
              f"| colocated step s | 790.10 | {sync.step_s:.1f} |",
              f"| colocated generation s | 357.41 | {phases['generating']:.1f} |",
              f"| colocated old log-prob + update s | 377.51 | {phases['training']:.1f} |"]
-    cfg = load_config("pipelines/sim-32gpu.yaml", CASE_B + FULLY_ASYNC)
+    cfg = load_config(str(PIPELINES / "sim-32gpu.yaml"), CASE_B + FULLY_ASYNC)
     published = {16: "2.66 (2.68 per step)"}
     for split in (8, 16, 24):
         result = simulate(cfg, "verl-async", rollout_devices=split)
@@ -104,7 +107,7 @@ def case_c() -> List[str]:
              "|---|---|---|---|---|---|---|---|"]
     published = {0: "1.51", 1: "1.30", 2: "1.17", 4: "1.11"}
     for eta in (0, 1, 2, 4):
-        configs = [load_config("pipelines/sim-32gpu.yaml", [
+        configs = [load_config(str(PIPELINES / "sim-32gpu.yaml"), [
             "cluster.devices=16", "sim.workload=math", "train.prompts_per_step=60", "rollout.group_size=8",
             "train.steps=30", f"algorithm.staleness={eta}", "launch.chunk_groups=4", f"seed={seed}",
             "sim.recompute_logprob=true"])  # the RFC's implementation trains with veRL's trainer, which recomputes
