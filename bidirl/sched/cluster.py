@@ -347,6 +347,12 @@ class Cluster:
         pool = self.devices[device].home.value
         self.step_wait_s[pool] = self.step_wait_s.get(pool, 0.0) + seconds
 
+    def count_step_waits(self, devices: Sequence[int], seconds_each: float) -> None:
+        """Each of a train step's ``devices`` had nothing to compute for ``seconds_each``: per home pool at once
+        (a simulated step's shared work runs out on hundreds of devices together, at every group it is fed)."""
+        for pool, n in Counter(self.devices[i].home.value for i in devices).items():
+            self.step_wait_s[pool] = self.step_wait_s.get(pool, 0.0) + n * seconds_each
+
     def close_step(self) -> None:
         """The driver has handed out all the work of the step in progress: no device may join it now.
         (Not while a streamed step's groups are still generating: their work is still to come.)"""
@@ -378,15 +384,10 @@ class Cluster:
         tails, and cost ``areal`` up to 30% at eta 2-4 (gsm8k eta 4, 12/20: 252 -> 176 samples/s)."""
         return self.version - self.eta
 
-    def due_inflight(self) -> Dict[int, int]:
-        """Due groups (``due_version``: batch ``version`` must contain them) still generating, per device."""
+    def due_groups(self, device: int) -> int:
+        """Due groups (``due_version``: batch ``version`` must contain them) still generating on ``device``."""
         due = self.due_version
-        out = {}
-        for index, by_version in self.inflight_by_version.items():
-            groups = sum(n for version, n in by_version.items() if version <= due)
-            if groups:
-                out[index] = groups
-        return out
+        return sum(n for version, n in self.inflight_by_version[device].items() if version <= due)
 
     def stream_ready(self) -> bool:
         """A streamed step may start now (``batch_ready`` is not yet true, see ``stream_plan``)."""

@@ -523,8 +523,9 @@ class Simulator:
 
     def count_shared_wait(self, seconds: float, devices: List[int], streaming: bool) -> None:
         """Work shared continuously runs out on every device of the step at once: each waited the same."""
-        for device in devices if seconds > 0 else ():
-            self.count_wait(device, seconds / len(devices), streaming)
+        if seconds > 0 and devices:
+            self.cluster.count_step_waits(devices, seconds / len(devices))
+            self.stream_wait_s += seconds if streaming else 0.0
 
     def beside_training(self, now: float, training) -> None:
         """From now on ``training`` devices train (none: no step runs)."""
